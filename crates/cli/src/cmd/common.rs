@@ -1,0 +1,110 @@
+//! Arguments shared by the measuring commands (model, threads, engine settings) and the step
+//! from them to a loaded engine.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+
+use crate::model_file::ModelFile;
+
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// The GGUF model file (see `opledger synth`). Without it, the built-in default: a
+    /// synthetic tiny-qwen35moe model the tool writes itself (under runs/models/).
+    #[arg(short, long)]
+    pub model: Option<PathBuf>,
+    /// Threads (default: the machine's available parallelism).
+    #[arg(short, long)]
+    pub threads: Option<u32>,
+    /// Flash attention.
+    #[arg(long, value_enum, default_value_t = FlashAttnArg::Auto)]
+    pub flash_attn: FlashAttnArg,
+    /// Layers to offload to a GPU (needs a build with the `cuda` feature).
+    #[arg(long = "gpu-layers", short = 'g', default_value_t = 0)]
+    pub gpu_layers: i32,
+    /// Print llama.cpp's own log.
+    #[arg(long)]
+    pub verbose: bool,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlashAttnArg {
+    Auto,
+    On,
+    Off,
+}
+
+impl ModelArgs {
+    pub fn threads(&self) -> u32 {
+        self.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get() as u32)
+                .unwrap_or(1)
+        })
+    }
+
+    /// The model file: the one given, else the built-in default (written on first use).
+    pub fn path(&self) -> Result<PathBuf> {
+        match &self.model {
+            Some(p) => Ok(p.clone()),
+            None => default_model(),
+        }
+    }
+
+    /// Validates the file in Rust before any C code sees it.
+    pub fn open(&self) -> Result<ModelFile> {
+        ModelFile::open(&self.path()?)
+    }
+}
+
+/// The preset of the built-in default model.
+pub const DEFAULT_PRESET: &str = "tiny-qwen35moe";
+
+/// The built-in default model: `runs/models/tiny-qwen35moe.gguf`, synthesised (seed 0) when
+/// missing. The same seed always gives the same bytes, so a file left by an earlier run is the
+/// same model.
+pub fn default_model() -> Result<PathBuf> {
+    let path = PathBuf::from("runs/models").join(format!("{DEFAULT_PRESET}.gguf"));
+    if !path.exists() {
+        std::fs::create_dir_all("runs/models").context("creating runs/models")?;
+        let opts = opledger_gguf::SynthOptions::new(DEFAULT_PRESET);
+        opledger_gguf::synthesize(&opts, &path, &mut |_, _| {})
+            .with_context(|| format!("writing the default model {}", path.display()))?;
+        eprintln!(
+            "no --model given: wrote the built-in synthetic {DEFAULT_PRESET} model to {}",
+            path.display()
+        );
+    } else {
+        eprintln!(
+            "no --model given: using the built-in synthetic {DEFAULT_PRESET} model {}",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+#[cfg(feature = "llama")]
+pub fn load_llama(args: &ModelArgs) -> Result<opledger_llama::LlamaEngine> {
+    use opledger_llama::{FlashAttn, LlamaConfig, LlamaEngine};
+    let model_path = args.path()?;
+    let cfg = LlamaConfig {
+        model_path: model_path.clone(),
+        threads: args.threads(),
+        flash_attn: match args.flash_attn {
+            FlashAttnArg::Auto => FlashAttn::Auto,
+            FlashAttnArg::On => FlashAttn::On,
+            FlashAttnArg::Off => FlashAttn::Off,
+        },
+        gpu_layers: args.gpu_layers,
+        verbose: args.verbose,
+    };
+    LlamaEngine::load(cfg).with_context(|| format!("loading model '{}'", model_path.display()))
+}
+
+/// The UTC time as a folder-name stamp: 20261201T060858Z.
+pub fn utc_stamp() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+        .to_string()
+        .replace(['-', ':'], "")
+}

@@ -1,0 +1,211 @@
+//! `opledger profile`: the per-node profile of one chunk on llama.cpp, written to a run folder.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use opledger_core::band::BandRules;
+use opledger_core::engine::Work;
+use opledger_core::manifest::{Manifest, ModelRecord, MANIFEST_SCHEMA_VERSION};
+use opledger_core::profile::{self, CheckStatus, ProfileConfig, ProfileRaw, ProfileSummary};
+use opledger_core::run_folder::{fresh_run_path, RunFolder};
+use opledger_core::system::SystemSnapshot;
+
+use super::common::{utc_stamp, ModelArgs};
+use crate::model_file::{hash_file, ModelFile};
+use crate::progress::steps_bar;
+
+#[derive(Args)]
+pub struct ProfileArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Tokens in the measured chunk (one ubatch).
+    #[arg(short = 'p', long, default_value_t = 512)]
+    pub chunk: u32,
+    /// Tokens already in the context (filled untimed before measuring).
+    #[arg(short = 'd', long, default_value_t = 0)]
+    pub depth: u32,
+    /// Measured cycles (each: FUSED, FUSED with the instrument, TIMED).
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub cycles: u32,
+    /// Unmeasured warm-up cycles.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u32,
+    /// Extra interleaved FUSED / FUSED-with-instrument pairs for the overhead estimate.
+    #[arg(long, default_value_t = 0)]
+    pub overhead_pairs: u32,
+    /// Request logits for every token of the chunk (default: the last one, as llama-bench).
+    #[arg(long)]
+    pub all_logits: bool,
+    /// Seed of the filler token ids.
+    #[arg(long, default_value_t = 0)]
+    pub token_seed: u64,
+    /// A band rule set (TOML) instead of the built-in one for the model's architecture.
+    #[arg(long)]
+    pub bands: Option<PathBuf>,
+    /// The run folder to write (default: runs/<time>-profile-<model>); never overwritten.
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Print the summary as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// The band rules: a file given by the user, else the built-in set of the architecture.
+pub fn load_rules(path: Option<&Path>, arch: &str) -> Result<BandRules> {
+    match path {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            Ok(BandRules::parse(&text, &p.display().to_string())?)
+        }
+        None => Ok(BandRules::builtin(arch)?),
+    }
+}
+
+/// The manifest of a run on `file`.
+pub fn manifest(
+    command: &str,
+    file: &ModelFile,
+    model_path: &Path,
+    engine: opledger_core::engine::EngineInfo,
+    rules: &BandRules,
+) -> Result<Manifest> {
+    let hash = hash_file(model_path)?;
+    Ok(Manifest {
+        schema_version: MANIFEST_SCHEMA_VERSION,
+        tool: format!("opledger {}", env!("CARGO_PKG_VERSION")),
+        command: command.into(),
+        args: std::env::args().collect(),
+        created_utc: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        engine,
+        model: ModelRecord {
+            path: hash.path,
+            size_bytes: hash.size_bytes,
+            blake3: hash.blake3,
+            arch: file.arch.clone(),
+            metadata: file.metadata_summary(),
+        },
+        band_rules: rules.clone(),
+        system: SystemSnapshot::take(),
+    })
+}
+
+/// Writes a profile's files into `folder`: raw data first, then everything derived from it.
+pub fn write_profile(folder: &RunFolder, m: &Manifest, raw: &ProfileRaw) -> Result<ProfileSummary> {
+    folder.write_json("manifest.json", m)?;
+    folder.write_json("raw.json", raw)?;
+    let summary = render_profile(m, raw, |name, bytes| {
+        folder.write(name, bytes).map(|_| ()).map_err(Into::into)
+    })?;
+    Ok(summary)
+}
+
+/// Derives the summary and its renderings from raw data, handing each file to `emit`.
+pub fn render_profile(
+    m: &Manifest,
+    raw: &ProfileRaw,
+    mut emit: impl FnMut(&str, &[u8]) -> Result<()>,
+) -> Result<ProfileSummary> {
+    let (assignments, summary) = profile::analyse(raw, &m.band_rules, &m.model.arch)?;
+    let medians = profile::node_medians_us(raw);
+    let mut json = serde_json::to_vec_pretty(&summary)?;
+    json.push(b'\n');
+    emit("summary.json", &json)?;
+    emit(
+        "table.txt",
+        opledger_report::profile_text(m, &summary).as_bytes(),
+    )?;
+    emit(
+        "summary.md",
+        opledger_report::profile_markdown(m, &summary).as_bytes(),
+    )?;
+    emit(
+        "bands.csv",
+        opledger_report::bands_csv(&summary)?.as_bytes(),
+    )?;
+    emit(
+        "nodes.csv",
+        opledger_report::nodes_csv(&raw.graph, &assignments, &medians)?.as_bytes(),
+    )?;
+    Ok(summary)
+}
+
+pub fn run(args: ProfileArgs) -> Result<ExitCode> {
+    if args.chunk == 0 || args.cycles == 0 {
+        bail!("--chunk and --cycles must be at least 1");
+    }
+    let model_path = args.model.path()?;
+    let file = ModelFile::open(&model_path)?;
+    let rules = load_rules(args.bands.as_deref(), &file.arch.arch)?;
+    let label = model_path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let out = args
+        .output
+        .clone()
+        .unwrap_or_else(|| fresh_run_path(Path::new("runs"), "profile", &label, &utc_stamp()));
+    let cfg = ProfileConfig {
+        work: Work {
+            chunk_tokens: args.chunk,
+            depth_tokens: args.depth,
+            all_logits: args.all_logits,
+            token_seed: args.token_seed,
+        },
+        cycles: args.cycles,
+        warmup: args.warmup,
+        overhead_pairs: args.overhead_pairs,
+    };
+    #[cfg(feature = "llama")]
+    {
+        use opledger_core::engine::Engine;
+        // Create the folder first: a taken name fails before minutes of measuring.
+        let folder = RunFolder::create(&out)?;
+        let mut model_args = args.model.clone();
+        model_args.model = Some(model_path.clone());
+        let mut engine = super::common::load_llama(&model_args)?;
+        let bar = steps_bar(args.quiet || args.json);
+        let raw = profile::measure(&mut engine, &cfg, &mut |phase, done, total| {
+            bar.set_message(phase.to_string());
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        })
+        .context("measuring")?;
+        bar.finish_and_clear();
+        let m = manifest("profile", &file, &model_path, engine.info(), &rules)?;
+        let summary = write_profile(&folder, &m, &raw)?;
+        let path = folder.finish()?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&summary)?);
+        } else if !args.quiet {
+            print!("{}", opledger_report::profile_text(&m, &summary));
+            println!("run folder: {}", path.display());
+        }
+        Ok(exit_code(&summary))
+    }
+    #[cfg(not(feature = "llama"))]
+    {
+        let _ = (cfg, out, rules, file, model_path);
+        bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
+    }
+}
+
+/// 0 when every check passed or only warned; 3 when a result must not be trusted.
+pub fn exit_code(summary: &ProfileSummary) -> ExitCode {
+    if summary.worst() == CheckStatus::Fail {
+        for c in summary
+            .checks
+            .iter()
+            .filter(|c| c.status == CheckStatus::Fail)
+        {
+            eprintln!("check failed: {}: {}", c.name, c.detail);
+        }
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,43 @@
+//! The `opledger` binary: parses arguments, builds each command's configuration, runs it. No
+//! measurement or analysis logic lives here: that is in the core, engine and report crates.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Where does the time go in LLM inference, operator band by operator band?
+#[derive(Parser)]
+#[command(name = "opledger", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a synthetic GGUF model with a real architecture's shapes and random valid weights.
+    Synth(opledger::cmd::synth::SynthArgs),
+    /// Profile one chunk per node: bands in ms/token (TIMED share x FUSED wall / tokens).
+    Profile(opledger::cmd::profile::ProfileArgs),
+    /// List every node of the graph llama.cpp computes for a chunk.
+    Graph(opledger::cmd::graph::GraphArgs),
+    /// Re-render a stored run from its raw data, without measuring again.
+    Report(opledger::cmd::report::ReportArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Synth(a) => opledger::cmd::synth::run(a),
+        Command::Profile(a) => opledger::cmd::profile::run(a),
+        Command::Graph(a) => opledger::cmd::graph::run(a),
+        Command::Report(a) => opledger::cmd::report::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! Opening a model file for measurement: the Rust validator runs first (nothing reaches llama.cpp
+//! unless it accepted the file), then the architecture is read from its metadata.
+
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use opledger_core::arch::{ArchInfo, Metadata};
+use opledger_gguf::{GgufFile, Value};
+use serde::Serialize;
+
+/// A validated model file and what opledger knows of it.
+pub struct ModelFile {
+    pub gguf: GgufFile,
+    pub arch: ArchInfo,
+}
+
+/// Adapter from the GGUF reader to core's metadata trait.
+struct GgufMetadata<'a>(&'a GgufFile);
+
+impl Metadata for GgufMetadata<'_> {
+    fn get_u64(&self, key: &str) -> Option<u64> {
+        self.0.get_u64(key)
+    }
+    fn get_i64_array(&self, key: &str) -> Option<Vec<i64>> {
+        self.0
+            .get_i32_array(key)
+            .map(|v| v.into_iter().map(i64::from).collect())
+            .or_else(|| match self.0.get(key) {
+                // recurrent_layers is an array of bools in some files
+                Some(Value::Array(a)) => (0..a.len())
+                    .map(|i| a.get(i).and_then(|v| v.as_bool()).map(i64::from))
+                    .collect(),
+                _ => None,
+            })
+    }
+    fn get_string(&self, key: &str) -> Option<String> {
+        self.0.get_str(key).map(str::to_string)
+    }
+    fn has_tensor(&self, name: &str) -> bool {
+        self.0.tensor(name).is_some()
+    }
+}
+
+impl ModelFile {
+    /// Validates `path` and reads its architecture. Errors name the file.
+    pub fn open(path: &Path) -> Result<ModelFile> {
+        let gguf = GgufFile::open(path)?;
+        let arch = ArchInfo::from_metadata(&GgufMetadata(&gguf))
+            .with_context(|| format!("{}: reading the architecture", path.display()))?;
+        Ok(ModelFile { gguf, arch })
+    }
+
+    /// The metadata worth recording in a manifest (no large arrays).
+    pub fn metadata_summary(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut out = serde_json::Map::new();
+        for (k, v) in &self.gguf.metadata {
+            let j = match v {
+                Value::String(s) => serde_json::Value::from(s.clone()),
+                Value::Bool(b) => serde_json::Value::from(*b),
+                Value::Array(a) if a.len() <= 16 => {
+                    serde_json::Value::from(format!("{v:?}").chars().take(200).collect::<String>())
+                }
+                Value::Array(a) => serde_json::Value::from(format!("array of {} values", a.len())),
+                other => match (other.as_i128(), other.as_f32()) {
+                    (Some(i), _) => serde_json::Value::from(i as f64),
+                    (None, Some(f)) => serde_json::Value::from(f),
+                    _ => serde_json::Value::from(format!("{other:?}")),
+                },
+            };
+            out.insert(k.clone(), j);
+        }
+        out
+    }
+}
+
+/// The file's identity for manifests: size and BLAKE3 of its bytes.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileHash {
+    pub path: String,
+    pub size_bytes: u64,
+    pub blake3: String,
+}
+
+pub fn hash_file(path: &Path) -> Result<FileHash> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let n = f
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        size += n as u64;
+        hasher.update(&buf[..n]);
+    }
+    Ok(FileHash {
+        path: path.display().to_string(),
+        size_bytes: size,
+        blake3: hasher.finalize().to_hex().to_string(),
+    })
+}

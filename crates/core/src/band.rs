@@ -1,0 +1,540 @@
+//! Bands as data: per-architecture rule sets (TOML, in `crates/core/bands/`) and the categoriser
+//! that applies them (op type, then exact weight-name token, then node-name token, each with
+//! layer-kind overrides), plus the cross-band audit.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::arch::{ArchInfo, LayerKind};
+use crate::node::{base_name, weight_token, NodeInfo};
+
+/// The band of nodes no rule matched. Coverage is the share of time outside it.
+pub const UNASSIGNED: &str = "unassigned";
+
+/// The built-in rule sets: (file name, TOML text).
+pub const BUILTIN_RULES: [(&str, &str); 4] = [
+    ("qwen35moe.toml", include_str!("../bands/qwen35moe.toml")),
+    ("qwen3moe.toml", include_str!("../bands/qwen3moe.toml")),
+    ("qwen3.toml", include_str!("../bands/qwen3.toml")),
+    ("llama.toml", include_str!("../bands/llama.toml")),
+];
+
+/// One band of a rule set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BandDef {
+    pub name: String,
+    pub description: String,
+}
+
+/// A band rule set for one or more architectures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BandRules {
+    /// Architectures (`general.architecture`) this set applies to.
+    pub architectures: Vec<String>,
+    /// The bands, in display order.
+    pub bands: Vec<BandDef>,
+    /// The band whose cost grows with context depth (for crossover reports).
+    pub attention_band: Option<String>,
+    /// The FFN band attention is compared with (for crossover reports).
+    pub ffn_band: Option<String>,
+    /// Op type -> band (first signal).
+    #[serde(default)]
+    pub op: BTreeMap<String, String>,
+    /// Exact weight-name token (`attn_qkv` in `blk.3.attn_qkv.weight`) -> band.
+    #[serde(default)]
+    pub weight: BTreeMap<String, String>,
+    /// Weight-name tokens whose band depends on the layer kind; wins over `weight`.
+    #[serde(default)]
+    pub weight_by_layer: BTreeMap<LayerKind, BTreeMap<String, String>>,
+    /// Exact node-name token (`ffn_moe_probs` in `ffn_moe_probs-3`) -> band.
+    #[serde(default)]
+    pub name: BTreeMap<String, String>,
+    /// Node-name tokens whose band depends on the layer kind; wins over `name`.
+    #[serde(default)]
+    pub name_by_layer: BTreeMap<LayerKind, BTreeMap<String, String>>,
+    /// Node-name tokens that take the band of the node that reads them (`norm`: an RMS_NORM
+    /// belongs to whatever its weighted MUL belongs to; the CPU backend fuses the two).
+    #[serde(default)]
+    pub follow_consumer: Vec<String>,
+    /// Bands a matmul (MUL_MAT, MUL_MAT_ID) of a layer of this kind must never land in.
+    #[serde(default)]
+    pub audit: BTreeMap<LayerKind, Vec<String>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RulesError {
+    #[error("{file}: {source}")]
+    Parse {
+        file: String,
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    #[error("{file}: rule {rule} names band '{band}', which is not in the rule set's bands")]
+    UnknownBand {
+        file: String,
+        rule: String,
+        band: String,
+    },
+    #[error("no band rules for architecture '{0}' (built-in: qwen35moe, qwen3moe, qwen3, llama; pass --bands FILE)")]
+    NoRulesFor(String),
+}
+
+impl BandRules {
+    /// Parses and checks a rule set; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<BandRules, RulesError> {
+        let rules: BandRules = toml::from_str(text).map_err(|e| RulesError::Parse {
+            file: file.to_string(),
+            source: Box::new(e),
+        })?;
+        rules.check(file)?;
+        Ok(rules)
+    }
+
+    /// The built-in rule set for an architecture.
+    pub fn builtin(arch: &str) -> Result<BandRules, RulesError> {
+        for (file, text) in BUILTIN_RULES {
+            let rules = BandRules::parse(text, file)?;
+            if rules.architectures.iter().any(|a| a == arch) {
+                return Ok(rules);
+            }
+        }
+        Err(RulesError::NoRulesFor(arch.to_string()))
+    }
+
+    fn check(&self, file: &str) -> Result<(), RulesError> {
+        let known = |b: &str| self.bands.iter().any(|d| d.name == b);
+        let mut refs: Vec<(String, &str)> = Vec::new();
+        for (k, b) in &self.op {
+            refs.push((format!("op.{k}"), b));
+        }
+        for (k, b) in &self.weight {
+            refs.push((format!("weight.{k}"), b));
+        }
+        for (kind, m) in &self.weight_by_layer {
+            for (k, b) in m {
+                refs.push((format!("weight_by_layer.{}.{k}", kind.as_str()), b));
+            }
+        }
+        for (k, b) in &self.name {
+            refs.push((format!("name.{k}"), b));
+        }
+        for (kind, m) in &self.name_by_layer {
+            for (k, b) in m {
+                refs.push((format!("name_by_layer.{}.{k}", kind.as_str()), b));
+            }
+        }
+        for (kind, bands) in &self.audit {
+            for b in bands {
+                refs.push((format!("audit.{}", kind.as_str()), b));
+            }
+        }
+        for (name, b) in [
+            ("attention_band", &self.attention_band),
+            ("ffn_band", &self.ffn_band),
+        ] {
+            if let Some(b) = b {
+                refs.push((name.to_string(), b));
+            }
+        }
+        for (rule, band) in refs {
+            if !known(band) {
+                return Err(RulesError::UnknownBand {
+                    file: file.to_string(),
+                    rule,
+                    band: band.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn band_names(&self) -> Vec<&str> {
+        self.bands.iter().map(|b| b.name.as_str()).collect()
+    }
+}
+
+/// Which signal put a node in its band.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "by", content = "key", rename_all = "snake_case")]
+pub enum Reason {
+    Op(String),
+    Weight(String),
+    Name(String),
+    /// A view, an unnamed node or a `follow_consumer` node takes the band of the node it reads
+    /// (or of the node that reads it).
+    Inherited(u32),
+    None,
+}
+
+/// A node's band and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub band: String,
+    pub reason: Reason,
+}
+
+/// A problem the audit found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditFinding {
+    pub node: u32,
+    pub name: String,
+    pub op: String,
+    pub layer: u32,
+    pub layer_kind: LayerKind,
+    pub band: String,
+    pub why: String,
+}
+
+/// The categoriser: a rule set applied to a graph of one architecture.
+#[derive(Debug, Clone)]
+pub struct Categoriser<'a> {
+    rules: &'a BandRules,
+    arch: &'a ArchInfo,
+}
+
+/// A generic node name (`node_17`, empty) carries no meaning of its own.
+fn is_generic_name(name: &str) -> bool {
+    name.is_empty()
+        || name
+            .strip_prefix("node_")
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+impl<'a> Categoriser<'a> {
+    pub fn new(rules: &'a BandRules, arch: &'a ArchInfo) -> Categoriser<'a> {
+        Categoriser { rules, arch }
+    }
+
+    fn kind(&self, node: &NodeInfo) -> Option<LayerKind> {
+        node.layer.and_then(|l| self.arch.kind_of(l))
+    }
+
+    /// The band from the node's own signals, without inheritance.
+    fn direct(&self, node: &NodeInfo) -> Option<Assignment> {
+        let kind = self.kind(node);
+        if let Some(b) = self.rules.op.get(&node.op) {
+            return Some(Assignment {
+                band: b.clone(),
+                reason: Reason::Op(node.op.clone()),
+            });
+        }
+        if let Some(w) = node.weight() {
+            let token = weight_token(&w.name);
+            let by_layer = kind
+                .and_then(|k| self.rules.weight_by_layer.get(&k))
+                .and_then(|m| m.get(token));
+            if let Some(b) = by_layer.or_else(|| self.rules.weight.get(token)) {
+                return Some(Assignment {
+                    band: b.clone(),
+                    reason: Reason::Weight(token.to_string()),
+                });
+            }
+        }
+        let token = base_name(&node.name);
+        let by_layer = kind
+            .and_then(|k| self.rules.name_by_layer.get(&k))
+            .and_then(|m| m.get(token));
+        by_layer
+            .or_else(|| self.rules.name.get(token))
+            .map(|b| Assignment {
+                band: b.clone(),
+                reason: Reason::Name(token.to_string()),
+            })
+    }
+
+    /// Assigns every node of `graph` (in graph order) a band.
+    ///
+    /// Views never match rules of their own: they do no work and take the band of the node whose
+    /// output they view (or, for views of caches and inputs, of the node that reads them).
+    /// Unnamed nodes (`node_17`) and nodes named after another tensor (`x (copy of y)`) that no
+    /// rule matches inherit the same way; `follow_consumer` nodes inherit from their reader only.
+    /// A named node that no rule matches stays `unassigned`, and coverage shows it.
+    pub fn categorise(&self, graph: &[NodeInfo]) -> Vec<Assignment> {
+        #[derive(Clone, Copy, PartialEq)]
+        enum Inherit {
+            No,
+            Both,
+            FromConsumer,
+        }
+        let mut out: Vec<Option<Assignment>> = Vec::with_capacity(graph.len());
+        let mut inherit = Vec::with_capacity(graph.len());
+        for n in graph {
+            if n.is_view {
+                out.push(None);
+                inherit.push(Inherit::Both);
+                continue;
+            }
+            let direct = self.direct(n);
+            let how = if direct.is_some() {
+                Inherit::No
+            } else if self
+                .rules
+                .follow_consumer
+                .iter()
+                .any(|t| t == n.base_name())
+            {
+                Inherit::FromConsumer
+            } else if is_generic_name(&n.name) || n.name.contains(" (") {
+                Inherit::Both
+            } else {
+                Inherit::No
+            };
+            out.push(direct);
+            inherit.push(how);
+        }
+        // forward: from the node it reads (producers come earlier in graph order)
+        for i in 0..graph.len() {
+            if out[i].is_some() || inherit[i] != Inherit::Both {
+                continue;
+            }
+            let from = graph[i]
+                .srcs
+                .iter()
+                .flatten()
+                .filter_map(|s| s.producer)
+                .find(|&p| (p as usize) < i && out[p as usize].is_some());
+            if let Some(p) = from {
+                out[i] = out[p as usize].as_ref().map(|a| Assignment {
+                    band: a.band.clone(),
+                    reason: Reason::Inherited(p),
+                });
+            }
+        }
+        // backward: from the first node that reads it
+        let mut first_consumer: Vec<Option<u32>> = vec![None; graph.len()];
+        for (i, n) in graph.iter().enumerate() {
+            for p in n.srcs.iter().flatten().filter_map(|s| s.producer) {
+                if let Some(slot) = first_consumer.get_mut(p as usize) {
+                    slot.get_or_insert(i as u32);
+                }
+            }
+        }
+        for i in (0..graph.len()).rev() {
+            if out[i].is_some() || inherit[i] == Inherit::No {
+                continue;
+            }
+            if let Some(c) = first_consumer[i] {
+                out[i] = out[c as usize].as_ref().map(|a| Assignment {
+                    band: a.band.clone(),
+                    reason: Reason::Inherited(c),
+                });
+            }
+        }
+        out.into_iter()
+            .map(|a| {
+                a.unwrap_or(Assignment {
+                    band: UNASSIGNED.to_string(),
+                    reason: Reason::None,
+                })
+            })
+            .collect()
+    }
+
+    /// The cross-band audit: every matmul of a layer must sit in a band its layer kind allows.
+    pub fn audit(&self, graph: &[NodeInfo], assignments: &[Assignment]) -> Vec<AuditFinding> {
+        let mut findings = Vec::new();
+        for (n, a) in graph.iter().zip(assignments) {
+            if n.op != "MUL_MAT" && n.op != "MUL_MAT_ID" {
+                continue;
+            }
+            let (Some(layer), Some(kind)) = (n.layer, self.kind(n)) else {
+                continue;
+            };
+            if let Some(forbidden) = self.rules.audit.get(&kind) {
+                if forbidden.contains(&a.band) {
+                    findings.push(AuditFinding {
+                        node: n.index,
+                        name: n.name.clone(),
+                        op: n.op.clone(),
+                        layer,
+                        layer_kind: kind,
+                        band: a.band.clone(),
+                        why: format!(
+                            "a matmul of a {} layer may not be in band '{}' (weight {})",
+                            kind.as_str(),
+                            a.band,
+                            n.weight().map(|w| w.name.as_str()).unwrap_or("none")
+                        ),
+                    });
+                }
+            }
+        }
+        findings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::tests::qwen35moe_md;
+    use crate::node::TensorDesc;
+
+    fn t(name: &str, weight: bool, producer: Option<u32>) -> Option<TensorDesc> {
+        Some(TensorDesc {
+            name: name.into(),
+            ne: [1, 1, 1, 1],
+            ggml_type: "F32".into(),
+            size_bytes: 4,
+            is_weight: weight,
+            producer,
+        })
+    }
+
+    fn node(index: u32, op: &str, name: &str, srcs: Vec<Option<TensorDesc>>) -> NodeInfo {
+        NodeInfo {
+            index,
+            op: op.into(),
+            name: name.into(),
+            layer: crate::node::layer_of(name),
+            out: t(name, false, None).unwrap(),
+            srcs,
+            is_view: crate::node::is_view_op(op),
+            inplace: false,
+        }
+    }
+
+    fn arch4() -> ArchInfo {
+        ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap()
+    }
+
+    #[test]
+    fn builtin_rule_sets_parse_and_reference_known_bands() {
+        for (file, text) in BUILTIN_RULES {
+            let r = BandRules::parse(text, file).unwrap();
+            assert!(!r.architectures.is_empty(), "{file}");
+        }
+        assert!(BandRules::builtin("qwen35moe").is_ok());
+        assert!(matches!(
+            BandRules::builtin("gpt2"),
+            Err(RulesError::NoRulesFor(_))
+        ));
+    }
+
+    #[test]
+    fn unknown_band_is_refused_with_the_rule() {
+        let text = r#"
+architectures = ["x"]
+bands = [{ name = "moe", description = "" }]
+[op]
+MUL_MAT_ID = "mooe"
+"#;
+        let err = BandRules::parse(text, "mine.toml").unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("mine.toml") && msg.contains("op.MUL_MAT_ID") && msg.contains("mooe"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn attn_q_token_does_not_match_attn_qkv() {
+        // The substring trap: attn_q is a prefix of attn_qkv. A linear-attention layer's
+        // attn_qkv matmul must land in linear_attention, the full layer's attn_q in projections.
+        let rules = BandRules::builtin("qwen35moe").unwrap();
+        let arch = arch4();
+        let graph = vec![
+            node(
+                0,
+                "MUL_MAT",
+                "linear_attn_qkv_mixed-0",
+                vec![
+                    t("blk.0.attn_qkv.weight", true, None),
+                    t("attn_norm-0", false, None),
+                ],
+            ),
+            node(
+                1,
+                "MUL_MAT",
+                "Qcur_full-3",
+                vec![
+                    t("blk.3.attn_q.weight", true, None),
+                    t("attn_norm-3", false, None),
+                ],
+            ),
+        ];
+        let c = Categoriser::new(&rules, &arch);
+        let a = c.categorise(&graph);
+        assert_eq!(a[0].band, "linear_attention");
+        assert_eq!(a[0].reason, Reason::Weight("attn_qkv".into()));
+        assert_eq!(a[1].band, "projections");
+        assert!(c.audit(&graph, &a).is_empty());
+    }
+
+    #[test]
+    fn audit_flags_a_linear_layer_matmul_in_projections() {
+        // A deliberately wrong rule (substring-style) that sends attn_qkv to projections.
+        let mut rules = BandRules::builtin("qwen35moe").unwrap();
+        rules.weight.insert("attn_qkv".into(), "projections".into());
+        let arch = arch4();
+        let graph = vec![node(
+            0,
+            "MUL_MAT",
+            "linear_attn_qkv_mixed-0",
+            vec![t("blk.0.attn_qkv.weight", true, None)],
+        )];
+        let c = Categoriser::new(&rules, &arch);
+        let a = c.categorise(&graph);
+        let f = c.audit(&graph, &a);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].layer_kind, LayerKind::LinearAttention);
+        assert!(f[0].why.contains("blk.0.attn_qkv.weight"), "{}", f[0].why);
+    }
+
+    #[test]
+    fn precedence_op_then_weight_then_name_then_inheritance() {
+        let rules = BandRules::builtin("qwen35moe").unwrap();
+        let arch = arch4();
+        let graph = vec![
+            // op rule wins over everything
+            node(
+                0,
+                "MUL_MAT_ID",
+                "ffn_moe_gate-0",
+                vec![t("blk.0.ffn_gate_exps.weight", true, None)],
+            ),
+            // a view with a generic name inherits from its producer
+            node(
+                1,
+                "RESHAPE",
+                "node_1",
+                vec![t("ffn_moe_gate-0", false, Some(0))],
+            ),
+            // a named node matches by its name token
+            node(
+                2,
+                "SOFT_MAX",
+                "ffn_moe_probs-0",
+                vec![t("ffn_moe_logits-0", false, None)],
+            ),
+            // a named node that no rule knows stays unassigned (coverage must show it)
+            node(3, "ADD", "mystery-0", vec![t("x", false, Some(2))]),
+            // a view of a leaf inherits from the node that reads it
+            node(
+                4,
+                "VIEW",
+                "cache_k_l3 (view)",
+                vec![t("cache_k_l3", false, None)],
+            ),
+            node(
+                5,
+                "FLASH_ATTN_EXT",
+                "node_5",
+                vec![t("q", false, None), t("k", false, Some(4))],
+            ),
+        ];
+        let a = Categoriser::new(&rules, &arch).categorise(&graph);
+        assert_eq!(a[0].reason, Reason::Op("MUL_MAT_ID".into()));
+        assert_eq!(
+            (a[1].band.as_str(), &a[1].reason),
+            ("moe", &Reason::Inherited(0))
+        );
+        assert_eq!(a[2].band, "moe");
+        assert_eq!(a[3].band, UNASSIGNED);
+        assert_eq!(
+            (a[4].band.as_str(), &a[4].reason),
+            ("attention", &Reason::Inherited(5))
+        );
+    }
+}

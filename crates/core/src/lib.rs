@@ -1,0 +1,16 @@
+//! opledger's core: the data model (node records, bands, profiles), the Engine trait, the
+//! categoriser, statistics and run folders. No FFI; every part is tested without an engine.
+
+#![forbid(unsafe_code)]
+
+pub mod arch;
+pub mod band;
+pub mod engine;
+pub mod manifest;
+pub mod mock;
+pub mod node;
+pub mod profile;
+pub mod run_folder;
+pub mod stats;
+pub mod system;
+pub mod tokens;

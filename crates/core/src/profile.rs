@@ -1,0 +1,745 @@
+//! The per-node profile of one chunk: the measurement loop (FUSED, FUSED with the instrument,
+//! TIMED, interleaved per cycle) and the pure summary (band ms/token = TIMED share x FUSED wall /
+//! tokens, agreement, coverage, overhead, checks).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::band::{Assignment, AuditFinding, BandRules, UNASSIGNED};
+use crate::engine::{Engine, EngineError, Mode, Work};
+use crate::node::NodeInfo;
+use crate::stats::{Sample, Spread};
+
+/// Version of `raw.json` and `summary.json`; bumped on any incompatible change.
+pub const PROFILE_SCHEMA_VERSION: u32 = 1;
+
+/// Agreement (|sum TIMED / FUSED - 1|) beyond which the share method is not trusted.
+pub const AGREEMENT_GOAL: f64 = 0.03;
+/// Instrument overhead (FUSED with callback / without) beyond which FUSED-with-callback is not
+/// native speed.
+pub const OVERHEAD_GOAL: f64 = 1.01;
+
+/// How to profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileConfig {
+    pub work: Work,
+    /// Measured cycles; each runs FUSED, FUSED with the instrument and TIMED once.
+    pub cycles: u32,
+    /// Unmeasured cycles first (allocations, weight repacking, caches).
+    pub warmup: u32,
+    /// Extra interleaved (FUSED, FUSED with the instrument) pairs after the cycles, for a
+    /// tighter overhead estimate on a noisy machine.
+    #[serde(default)]
+    pub overhead_pairs: u32,
+}
+
+/// One measured cycle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CycleRecord {
+    /// The order the three runs took in this cycle (rotated from cycle to cycle).
+    pub order: Vec<Mode>,
+    pub fused_ms: f64,
+    pub fused_observed_ms: f64,
+    /// Wall of the TIMED run (node times plus what lies between nodes).
+    pub timed_wall_ms: f64,
+    /// Per-node microseconds of the TIMED run, in graph order.
+    pub node_us: Vec<f64>,
+}
+
+/// Everything measured, as stored in a run folder's `raw.json`; the summary is a pure function
+/// of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileRaw {
+    pub schema_version: u32,
+    pub config: ProfileConfig,
+    pub graph: Vec<NodeInfo>,
+    pub cycles: Vec<CycleRecord>,
+    /// Distinct output hashes seen per mode (one each when every run computed the same logits).
+    pub output_hashes: BTreeMap<String, Vec<String>>,
+    /// The extra overhead pairs: (FUSED ms, FUSED-with-instrument ms).
+    #[serde(default)]
+    pub overhead_pairs: Vec<(f64, f64)>,
+}
+
+/// The orders cycles rotate through: FUSED and FUSED-observed stay adjacent (their ratio is the
+/// overhead), and each mode takes each position.
+const ORDERS: [[Mode; 3]; 4] = [
+    [Mode::Fused, Mode::FusedObserved, Mode::Timed],
+    [Mode::FusedObserved, Mode::Fused, Mode::Timed],
+    [Mode::Timed, Mode::Fused, Mode::FusedObserved],
+    [Mode::Timed, Mode::FusedObserved, Mode::Fused],
+];
+
+/// Progress of a measurement: (phase, done, total).
+pub type ProgressFn<'a> = &'a mut dyn FnMut(&str, u32, u32);
+
+/// Prepares the work, captures the graph, warms up, then measures `cycles` cycles.
+pub fn measure(
+    engine: &mut dyn Engine,
+    cfg: &ProfileConfig,
+    progress: ProgressFn<'_>,
+) -> Result<ProfileRaw, EngineError> {
+    progress("filling context", 0, 1);
+    engine.prepare(&cfg.work)?;
+    progress("capturing graph", 0, 1);
+    let graph = engine.graph()?;
+    let mut hashes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut note = |mode: Mode, h: u64| {
+        let list = hashes.entry(mode.label().to_string()).or_default();
+        let h = format!("{h:016x}");
+        if !list.contains(&h) {
+            list.push(h);
+        }
+    };
+    for w in 0..cfg.warmup {
+        progress("warm-up", w, cfg.warmup);
+        for mode in ORDERS[0] {
+            engine.run(mode)?;
+        }
+    }
+    let mut cycles = Vec::with_capacity(cfg.cycles as usize);
+    for c in 0..cfg.cycles {
+        progress("measuring", c, cfg.cycles);
+        let order = ORDERS[c as usize % ORDERS.len()];
+        let (mut fused, mut observed, mut timed) = (None, None, None);
+        for mode in order {
+            let r = engine.run(mode)?;
+            note(mode, r.output_hash);
+            match mode {
+                Mode::Fused => fused = Some(r),
+                Mode::FusedObserved => observed = Some(r),
+                Mode::Timed => timed = Some(r),
+            }
+        }
+        let (Some(fused), Some(observed), Some(timed)) = (fused, observed, timed) else {
+            unreachable!("every order runs the three modes");
+        };
+        if timed.node_us.len() != graph.len() {
+            return Err(EngineError::GraphChanged(format!(
+                "TIMED run timed {} nodes, the graph has {}",
+                timed.node_us.len(),
+                graph.len()
+            )));
+        }
+        cycles.push(CycleRecord {
+            order: order.to_vec(),
+            fused_ms: fused.wall_ms,
+            fused_observed_ms: observed.wall_ms,
+            timed_wall_ms: timed.wall_ms,
+            node_us: timed.node_us,
+        });
+    }
+    let mut overhead_pairs = Vec::with_capacity(cfg.overhead_pairs as usize);
+    for p in 0..cfg.overhead_pairs {
+        progress("overhead pairs", p, cfg.overhead_pairs);
+        let order = if p % 2 == 0 {
+            [Mode::Fused, Mode::FusedObserved]
+        } else {
+            [Mode::FusedObserved, Mode::Fused]
+        };
+        let (mut fused, mut observed) = (0.0, 0.0);
+        for mode in order {
+            let r = engine.run(mode)?;
+            note(mode, r.output_hash);
+            if mode == Mode::Fused {
+                fused = r.wall_ms;
+            } else {
+                observed = r.wall_ms;
+            }
+        }
+        overhead_pairs.push((fused, observed));
+    }
+    progress("done", 1, 1);
+    Ok(ProfileRaw {
+        schema_version: PROFILE_SCHEMA_VERSION,
+        config: cfg.clone(),
+        graph,
+        cycles,
+        output_hashes: hashes,
+        overhead_pairs,
+    })
+}
+
+/// One band of the summary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BandRow {
+    pub band: String,
+    /// TIMED share x FUSED wall / tokens (medians over cycles).
+    pub ms_per_token: f64,
+    /// Range of the per-cycle values of the same formula.
+    pub ms_per_token_min: f64,
+    pub ms_per_token_max: f64,
+    /// Share of the TIMED sum.
+    pub share: f64,
+    /// Nodes in the band, views included.
+    pub nodes: u32,
+    /// Nodes in the band that do work (views excluded).
+    pub working_nodes: u32,
+    /// The band's median TIMED milliseconds for the whole chunk.
+    pub timed_ms: f64,
+}
+
+/// Nodes of one band grouped by name token, for listing what a band holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NameRow {
+    pub name: String,
+    pub ops: Vec<String>,
+    pub nodes: u32,
+    pub ms_per_token: f64,
+}
+
+/// Status of a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckStatus {
+    Pass,
+    /// Outside a goal: the numbers stand but deserve caution.
+    Warn,
+    /// A result that must not be trusted.
+    Fail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Check {
+    pub name: String,
+    pub status: CheckStatus,
+    pub detail: String,
+}
+
+/// The summary of a profile (`summary.json`). Scripts rely on the top-level fields `coverage`,
+/// `agreement`, `overhead`, `fused_ms`, `tokens` and `bands`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileSummary {
+    pub schema_version: u32,
+    /// Tokens in the measured chunk.
+    pub tokens: u32,
+    pub depth_tokens: u32,
+    /// Which logits were requested: `last` (as llama-bench) or `all`.
+    pub logits: String,
+    pub cycles: u32,
+    /// Median FUSED wall of the chunk, no instrument.
+    pub fused_ms: f64,
+    pub fused_ms_spread: Spread,
+    pub tok_per_s: f64,
+    /// Median sum of TIMED node times.
+    pub timed_sum_ms: f64,
+    pub timed_wall_ms: f64,
+    /// Median over cycles of (sum TIMED / FUSED - 1).
+    pub agreement: f64,
+    pub agreement_spread: Spread,
+    /// Share of TIMED time in a band other than `unassigned`.
+    pub coverage: f64,
+    /// Median over interleaved pairs (one per cycle, plus any extra pairs) of
+    /// FUSED-with-instrument / FUSED.
+    pub overhead: f64,
+    pub overhead_spread: Spread,
+    /// Every run of every mode computed bit-identical logits.
+    pub outputs_identical: bool,
+    pub nodes: u32,
+    pub view_nodes: u32,
+    pub bands: Vec<BandRow>,
+    /// What the `other` band holds.
+    pub other: Vec<NameRow>,
+    /// Nodes no rule matched (coverage below 100 % lists them here).
+    pub unassigned: Vec<NameRow>,
+    pub audit: Vec<AuditFinding>,
+    pub checks: Vec<Check>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SummaryError {
+    #[error("the profile has no measured cycle")]
+    NoCycles,
+    #[error("cycle {cycle} timed {found} nodes, the graph has {expected}")]
+    NodeCount {
+        cycle: usize,
+        found: usize,
+        expected: usize,
+    },
+    #[error("{0} assignments for a graph of {1} nodes")]
+    Assignments(usize, usize),
+    #[error("a non-finite or empty measurement in {0}")]
+    BadSample(String),
+}
+
+fn sample(values: &[f64], what: &str) -> Result<Sample, SummaryError> {
+    Sample::new(values).map_err(|_| SummaryError::BadSample(what.to_string()))
+}
+
+/// Summarises a profile. `assignments[i]` is the band of `raw.graph[i]`.
+pub fn summarise(
+    raw: &ProfileRaw,
+    rules: &BandRules,
+    assignments: &[Assignment],
+    audit: Vec<AuditFinding>,
+) -> Result<ProfileSummary, SummaryError> {
+    let n = raw.graph.len();
+    if raw.cycles.is_empty() {
+        return Err(SummaryError::NoCycles);
+    }
+    if assignments.len() != n {
+        return Err(SummaryError::Assignments(assignments.len(), n));
+    }
+    for (cycle, c) in raw.cycles.iter().enumerate() {
+        if c.node_us.len() != n {
+            return Err(SummaryError::NodeCount {
+                cycle,
+                found: c.node_us.len(),
+                expected: n,
+            });
+        }
+    }
+    let tokens = raw.config.work.chunk_tokens;
+    let tok = tokens.max(1) as f64;
+
+    // per-node medians over cycles
+    let mut node_med = Vec::with_capacity(n);
+    let mut column = Vec::with_capacity(raw.cycles.len());
+    for i in 0..n {
+        column.clear();
+        column.extend(raw.cycles.iter().map(|c| c.node_us[i]));
+        node_med.push(sample(&column, "node times")?.median());
+    }
+    let total_us: f64 = node_med.iter().sum();
+
+    let fused = sample(
+        &raw.cycles.iter().map(|c| c.fused_ms).collect::<Vec<_>>(),
+        "fused_ms",
+    )?;
+    let timed_sums: Vec<f64> = raw
+        .cycles
+        .iter()
+        .map(|c| c.node_us.iter().sum::<f64>() / 1e3)
+        .collect();
+    let timed_sum = sample(&timed_sums, "timed sums")?;
+    let timed_wall = sample(
+        &raw.cycles
+            .iter()
+            .map(|c| c.timed_wall_ms)
+            .collect::<Vec<_>>(),
+        "timed_wall_ms",
+    )?;
+    let agreement = sample(
+        &raw.cycles
+            .iter()
+            .zip(&timed_sums)
+            .map(|(c, s)| s / c.fused_ms - 1.0)
+            .collect::<Vec<_>>(),
+        "agreement",
+    )?;
+    let overhead = sample(
+        &raw.cycles
+            .iter()
+            .map(|c| c.fused_observed_ms / c.fused_ms)
+            .chain(raw.overhead_pairs.iter().map(|(f, o)| o / f))
+            .collect::<Vec<_>>(),
+        "overhead",
+    )?;
+
+    // bands in rule-set order, then unassigned if anything fell through
+    let mut band_order: Vec<String> = rules.bands.iter().map(|b| b.name.clone()).collect();
+    if assignments.iter().any(|a| a.band == UNASSIGNED) {
+        band_order.push(UNASSIGNED.to_string());
+    }
+    let share_of = |members: &dyn Fn(usize) -> bool, times: &[f64]| -> f64 {
+        let sum: f64 = times.iter().sum();
+        if sum <= 0.0 {
+            return 0.0;
+        }
+        (0..n)
+            .filter(|&i| members(i))
+            .map(|i| times[i])
+            .sum::<f64>()
+            / sum
+    };
+    let mut bands = Vec::new();
+    for band in &band_order {
+        let member = |i: usize| assignments[i].band == *band;
+        let share = share_of(&member, &node_med);
+        let per_cycle: Vec<f64> = raw
+            .cycles
+            .iter()
+            .map(|c| share_of(&member, &c.node_us) * c.fused_ms / tok)
+            .collect();
+        let per_cycle = sample(&per_cycle, "band times")?;
+        let nodes = (0..n).filter(|&i| member(i)).count() as u32;
+        let working = (0..n)
+            .filter(|&i| member(i) && !raw.graph[i].is_view)
+            .count() as u32;
+        bands.push(BandRow {
+            band: band.clone(),
+            ms_per_token: share * fused.median() / tok,
+            ms_per_token_min: per_cycle.min(),
+            ms_per_token_max: per_cycle.max(),
+            share,
+            nodes,
+            working_nodes: working,
+            timed_ms: (0..n)
+                .filter(|&i| member(i))
+                .map(|i| node_med[i])
+                .sum::<f64>()
+                / 1e3,
+        });
+    }
+    let unassigned_us: f64 = (0..n)
+        .filter(|&i| assignments[i].band == UNASSIGNED)
+        .map(|i| node_med[i])
+        .sum();
+    let coverage = if total_us > 0.0 {
+        (total_us - unassigned_us) / total_us
+    } else {
+        0.0
+    };
+
+    let contents = |band: &str| -> Vec<NameRow> {
+        let mut rows: BTreeMap<String, NameRow> = BTreeMap::new();
+        for i in (0..n).filter(|&i| assignments[i].band == band) {
+            let node = &raw.graph[i];
+            let row = rows.entry(node.base_name().to_string()).or_insert(NameRow {
+                name: node.base_name().to_string(),
+                ops: Vec::new(),
+                nodes: 0,
+                ms_per_token: 0.0,
+            });
+            row.nodes += 1;
+            if !row.ops.contains(&node.op) {
+                row.ops.push(node.op.clone());
+            }
+            if total_us > 0.0 {
+                row.ms_per_token += node_med[i] / total_us * fused.median() / tok;
+            }
+        }
+        let mut rows: Vec<NameRow> = rows.into_values().collect();
+        rows.sort_by(|a, b| b.ms_per_token.total_cmp(&a.ms_per_token));
+        rows
+    };
+
+    let identical = raw
+        .output_hashes
+        .values()
+        .flatten()
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+        <= 1;
+    let mut checks = vec![
+        Check {
+            name: "coverage".into(),
+            status: if unassigned_us == 0.0 && coverage >= 1.0 {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Fail
+            },
+            detail: format!(
+                "{:.2} % of TIMED time is in a band ({} nodes unassigned)",
+                coverage * 100.0,
+                assignments.iter().filter(|a| a.band == UNASSIGNED).count()
+            ),
+        },
+        Check {
+            name: "audit".into(),
+            status: if audit.is_empty() {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Fail
+            },
+            detail: if audit.is_empty() {
+                "every matmul sits in a band its layer kind allows".into()
+            } else {
+                format!("{} matmuls in a band their layer kind forbids", audit.len())
+            },
+        },
+        Check {
+            name: "agreement".into(),
+            status: if agreement.median().abs() <= AGREEMENT_GOAL {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Warn
+            },
+            detail: format!(
+                "sum TIMED / FUSED - 1 = {:+.2} % (goal within ±{:.0} %)",
+                agreement.median() * 100.0,
+                AGREEMENT_GOAL * 100.0
+            ),
+        },
+        Check {
+            name: "overhead".into(),
+            status: if overhead.median() <= OVERHEAD_GOAL {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Warn
+            },
+            detail: format!(
+                "FUSED with instrument / without = {:.4} (goal ≤ {OVERHEAD_GOAL})",
+                overhead.median()
+            ),
+        },
+        Check {
+            name: "outputs".into(),
+            status: if identical {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Fail
+            },
+            detail: if identical {
+                "every run of every mode returned bit-identical logits".into()
+            } else {
+                "runs returned different logits".into()
+            },
+        },
+    ];
+    if raw.cycles.len() < 3 {
+        checks.push(Check {
+            name: "cycles".into(),
+            status: CheckStatus::Warn,
+            detail: format!(
+                "{} cycle(s): medians of fewer than 3 are fragile",
+                raw.cycles.len()
+            ),
+        });
+    }
+
+    Ok(ProfileSummary {
+        schema_version: PROFILE_SCHEMA_VERSION,
+        tokens,
+        depth_tokens: raw.config.work.depth_tokens,
+        logits: if raw.config.work.all_logits {
+            "all"
+        } else {
+            "last"
+        }
+        .into(),
+        cycles: raw.cycles.len() as u32,
+        fused_ms: fused.median(),
+        fused_ms_spread: fused.spread(),
+        tok_per_s: tok / fused.median() * 1e3,
+        timed_sum_ms: timed_sum.median(),
+        timed_wall_ms: timed_wall.median(),
+        agreement: agreement.median(),
+        agreement_spread: agreement.spread(),
+        coverage,
+        overhead: overhead.median(),
+        overhead_spread: overhead.spread(),
+        outputs_identical: identical,
+        nodes: n as u32,
+        view_nodes: raw.graph.iter().filter(|g| g.is_view).count() as u32,
+        bands,
+        other: contents("other"),
+        unassigned: contents(UNASSIGNED),
+        audit,
+        checks,
+    })
+}
+
+impl ProfileSummary {
+    /// The worst status among the checks.
+    pub fn worst(&self) -> CheckStatus {
+        if self.checks.iter().any(|c| c.status == CheckStatus::Fail) {
+            CheckStatus::Fail
+        } else if self.checks.iter().any(|c| c.status == CheckStatus::Warn) {
+            CheckStatus::Warn
+        } else {
+            CheckStatus::Pass
+        }
+    }
+
+    pub fn band(&self, name: &str) -> Option<&BandRow> {
+        self.bands.iter().find(|b| b.band == name)
+    }
+}
+
+/// Categorises the graph of a stored profile and summarises it: what `profile` does after
+/// measuring and what `report` does from a run folder.
+pub fn analyse(
+    raw: &ProfileRaw,
+    rules: &BandRules,
+    arch: &crate::arch::ArchInfo,
+) -> Result<(Vec<Assignment>, ProfileSummary), SummaryError> {
+    let cat = crate::band::Categoriser::new(rules, arch);
+    let assignments = cat.categorise(&raw.graph);
+    let audit = cat.audit(&raw.graph, &assignments);
+    let summary = summarise(raw, rules, &assignments, audit)?;
+    Ok((assignments, summary))
+}
+
+/// Per-node medians over cycles (microseconds), in graph order.
+pub fn node_medians_us(raw: &ProfileRaw) -> Vec<f64> {
+    (0..raw.graph.len())
+        .map(|i| {
+            let col: Vec<f64> = raw
+                .cycles
+                .iter()
+                .filter_map(|c| c.node_us.get(i).copied())
+                .collect();
+            crate::stats::median(&col).unwrap_or(0.0)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::tests::qwen35moe_md;
+    use crate::arch::ArchInfo;
+    use crate::mock::{MockEngine, MockNode};
+
+    const NODES: [MockNode; 6] = [
+        ("GATED_DELTA_NET", "node_0", "", 300.0),
+        ("RESHAPE", "node_0 (reshaped)", "", 0.0),
+        (
+            "MUL_MAT_ID",
+            "ffn_moe_gate-0",
+            "blk.0.ffn_gate_exps.weight",
+            500.0,
+        ),
+        ("FLASH_ATTN_EXT", "node_3", "", 100.0),
+        ("MUL_MAT", "Qcur_full-3", "blk.3.attn_q.weight", 50.0),
+        ("ADD", "l_out-3", "", 50.0),
+    ];
+
+    fn cfg(cycles: u32) -> ProfileConfig {
+        ProfileConfig {
+            work: Work {
+                chunk_tokens: 100,
+                depth_tokens: 0,
+                all_logits: false,
+                token_seed: 0,
+            },
+            cycles,
+            warmup: 1,
+            overhead_pairs: 2,
+        }
+    }
+
+    fn run(engine: &mut MockEngine, cycles: u32) -> ProfileSummary {
+        let raw = measure(engine, &cfg(cycles), &mut |_, _, _| {}).unwrap();
+        let rules = BandRules::builtin("qwen35moe").unwrap();
+        let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+        analyse(&raw, &rules, &arch).unwrap().1
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn band_ms_per_token_is_share_times_fused_wall_over_tokens() {
+        // TIMED node costs 300/0/500/100/50/50 µs (sum 1000); FUSED = 0.9 x 1000 µs.
+        let mut e = MockEngine::new(&NODES);
+        e.fused_factor = 0.9;
+        let s = run(&mut e, 3);
+        assert!(close(s.fused_ms, 0.9));
+        assert!(close(s.timed_sum_ms, 1.0));
+        assert!(close(s.agreement, 1.0 / 0.9 - 1.0));
+        let expect = [
+            ("linear_attention", 0.3),
+            ("moe", 0.5),
+            ("attention", 0.1),
+            ("projections", 0.05),
+            ("other", 0.05),
+        ];
+        for (band, share) in expect {
+            let row = s.band(band).unwrap();
+            assert!(close(row.share, share), "{band}: {}", row.share);
+            assert!(
+                close(row.ms_per_token, share * 0.9 / 100.0),
+                "{band}: {}",
+                row.ms_per_token
+            );
+        }
+        assert_eq!(s.band("linear_attention").unwrap().nodes, 2);
+        assert_eq!(s.band("linear_attention").unwrap().working_nodes, 1);
+        assert!(close(s.coverage, 1.0));
+        assert!(close(s.overhead, 1.0));
+        // agreement of +11 % is outside the ±3 % goal: a warning, not a failure
+        assert_eq!(s.worst(), CheckStatus::Warn);
+        assert!(s.outputs_identical);
+    }
+
+    #[test]
+    fn isolation_cost_lands_in_agreement_and_views() {
+        // every node, views included, pays 10 µs of isolation in TIMED mode
+        let mut e = MockEngine::new(&NODES);
+        e.isolation_us = 10.0;
+        let s = run(&mut e, 3);
+        assert!(close(s.timed_sum_ms, 1.06));
+        assert!(close(s.agreement, 0.06));
+        assert!(close(
+            s.band("linear_attention").unwrap().share,
+            320.0 / 1060.0
+        ));
+    }
+
+    #[test]
+    fn overhead_is_the_ratio_of_fused_runs() {
+        let mut e = MockEngine::new(&NODES);
+        e.observed_factor = 1.02;
+        let s = run(&mut e, 4);
+        assert!(close(s.overhead, 1.02));
+        let c = s.checks.iter().find(|c| c.name == "overhead").unwrap();
+        assert_eq!(c.status, CheckStatus::Warn);
+    }
+
+    #[test]
+    fn medians_resist_one_noisy_cycle() {
+        // runs per cycle: 3; the noise list cycles per run, so the third cycle (runs 9..12 of
+        // warm-up 3 + cycles) sees x2 on every run
+        let mut e = MockEngine::new(&NODES);
+        e.noise = vec![
+            1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0,
+        ];
+        let s = run(&mut e, 4);
+        assert!(close(s.fused_ms, 1.0), "{}", s.fused_ms);
+        assert!(close(s.fused_ms_spread.max, 2.0));
+        assert!(close(
+            s.band("moe").unwrap().ms_per_token,
+            0.5 * 1.0 / 100.0
+        ));
+    }
+
+    #[test]
+    fn an_unknown_named_node_breaks_coverage_and_is_listed() {
+        let mut nodes = NODES.to_vec();
+        nodes.push(("ADD", "mystery-3", "", 100.0));
+        let mut e = MockEngine::new(&nodes);
+        let s = run(&mut e, 3);
+        assert!(close(s.coverage, 1000.0 / 1100.0));
+        assert_eq!(s.unassigned.len(), 1);
+        assert_eq!(s.unassigned[0].name, "mystery");
+        assert_eq!(s.band(UNASSIGNED).unwrap().nodes, 1);
+        assert_eq!(s.worst(), CheckStatus::Fail);
+    }
+
+    #[test]
+    fn summary_json_has_the_fields_scripts_rely_on() {
+        let mut e = MockEngine::new(&NODES);
+        let s = run(&mut e, 3);
+        let v = serde_json::to_value(&s).unwrap();
+        for key in [
+            "coverage",
+            "agreement",
+            "overhead",
+            "fused_ms",
+            "tokens",
+            "bands",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key}");
+        }
+        let band = &v["bands"][0];
+        for key in ["band", "ms_per_token", "share", "nodes"] {
+            assert!(band.get(key).is_some(), "missing bands[].{key}");
+        }
+        assert_eq!(v["tokens"], 100);
+    }
+
+    #[test]
+    fn a_timed_run_of_the_wrong_length_is_refused() {
+        let mut e = MockEngine::new(&NODES);
+        let mut raw = measure(&mut e, &cfg(2), &mut |_, _, _| {}).unwrap();
+        raw.cycles[1].node_us.pop();
+        let rules = BandRules::builtin("qwen35moe").unwrap();
+        let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+        let err = analyse(&raw, &rules, &arch).unwrap_err();
+        assert!(err.to_string().contains("cycle 1 timed 5 nodes"), "{err}");
+    }
+}

@@ -1,0 +1,203 @@
+//! Write-once run folders: every measuring command writes one folder, marked incomplete until its
+//! last file lands; each file is written under a temporary name and renamed into place.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// The marker file present while a folder is being written.
+pub const INCOMPLETE_MARKER: &str = "INCOMPLETE";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunFolderError {
+    #[error("{}: the run folder already exists (run folders are write-once; choose another -o)", .0.display())]
+    Exists(PathBuf),
+    #[error("{}: {file} already exists in this run folder (files are written once)", .path.display())]
+    FileExists { path: PathBuf, file: String },
+    #[error("{}: not a run folder ({why})", .path.display())]
+    NotARun { path: PathBuf, why: String },
+    #[error("{}: the run is incomplete (interrupted while being written)", .0.display())]
+    Incomplete(PathBuf),
+    #[error("{}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", .path.display())]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunFolderError + '_ {
+    move |source| RunFolderError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A run folder being written.
+#[derive(Debug)]
+pub struct RunFolder {
+    path: PathBuf,
+}
+
+impl RunFolder {
+    /// Creates the folder (its parents too); fails if it exists.
+    pub fn create(path: &Path) -> Result<RunFolder, RunFolderError> {
+        if path.exists() {
+            return Err(RunFolderError::Exists(path.to_path_buf()));
+        }
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(io_err(parent))?;
+        }
+        // create_dir (not _all) fails if another process created it meanwhile
+        fs::create_dir(path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                RunFolderError::Exists(path.to_path_buf())
+            } else {
+                io_err(path)(e)
+            }
+        })?;
+        let folder = RunFolder {
+            path: path.to_path_buf(),
+        };
+        folder.write(INCOMPLETE_MARKER, b"this run folder is being written\n")?;
+        Ok(folder)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes `name` atomically (temporary file, fsync, rename). Refuses to replace a file.
+    pub fn write(&self, name: &str, bytes: &[u8]) -> Result<PathBuf, RunFolderError> {
+        let target = self.path.join(name);
+        if target.exists() {
+            return Err(RunFolderError::FileExists {
+                path: self.path.clone(),
+                file: name.to_string(),
+            });
+        }
+        if let Some(parent) = target.parent() {
+            fs::create_dir_all(parent).map_err(io_err(parent))?;
+        }
+        let tmp = self.path.join(format!(".{name}.tmp"));
+        {
+            let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
+            f.write_all(bytes).map_err(io_err(&tmp))?;
+            f.sync_all().map_err(io_err(&tmp))?;
+        }
+        fs::rename(&tmp, &target).map_err(io_err(&target))?;
+        Ok(target)
+    }
+
+    /// Writes `value` as pretty JSON.
+    pub fn write_json<T: Serialize>(
+        &self,
+        name: &str,
+        value: &T,
+    ) -> Result<PathBuf, RunFolderError> {
+        let mut bytes =
+            serde_json::to_vec_pretty(value).map_err(|source| RunFolderError::Json {
+                path: self.path.join(name),
+                source,
+            })?;
+        bytes.push(b'\n');
+        self.write(name, &bytes)
+    }
+
+    /// Marks the folder complete (removes the marker). Only a finished folder counts as a run.
+    pub fn finish(self) -> Result<PathBuf, RunFolderError> {
+        let marker = self.path.join(INCOMPLETE_MARKER);
+        fs::remove_file(&marker).map_err(io_err(&marker))?;
+        Ok(self.path)
+    }
+}
+
+/// Opens a finished run folder for reading.
+pub fn open_complete(path: &Path) -> Result<PathBuf, RunFolderError> {
+    if !path.is_dir() {
+        return Err(RunFolderError::NotARun {
+            path: path.to_path_buf(),
+            why: "no such folder".into(),
+        });
+    }
+    if path.join(INCOMPLETE_MARKER).exists() {
+        return Err(RunFolderError::Incomplete(path.to_path_buf()));
+    }
+    Ok(path.to_path_buf())
+}
+
+/// Reads and parses a JSON file of a run folder, naming the file on error.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, RunFolderError> {
+    let bytes = fs::read(path).map_err(io_err(path))?;
+    serde_json::from_slice(&bytes).map_err(|source| RunFolderError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// A fresh folder name under `base`: `<UTC time>-<kind>-<label>`, with `-2`, `-3`, ... appended
+/// if that name is taken.
+pub fn fresh_run_path(base: &Path, kind: &str, label: &str, utc_stamp: &str) -> PathBuf {
+    let clean: String = label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let stem = format!("{utc_stamp}-{kind}-{clean}");
+    let mut path = base.join(&stem);
+    let mut i = 2;
+    while path.exists() {
+        path = base.join(format!("{stem}-{i}"));
+        i += 1;
+    }
+    path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_once_and_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("run1");
+        let f = RunFolder::create(&p).unwrap();
+        assert!(p.join(INCOMPLETE_MARKER).exists());
+        assert!(matches!(
+            open_complete(&p),
+            Err(RunFolderError::Incomplete(_))
+        ));
+        f.write("a.txt", b"x").unwrap();
+        let err = f.write("a.txt", b"y").unwrap_err();
+        assert!(err.to_string().contains("a.txt already exists"), "{err}");
+        assert_eq!(fs::read(p.join("a.txt")).unwrap(), b"x");
+        f.finish().unwrap();
+        assert!(open_complete(&p).is_ok());
+        let again = RunFolder::create(&p).unwrap_err();
+        assert!(matches!(again, RunFolderError::Exists(_)));
+        assert!(again.to_string().contains("run1"));
+    }
+
+    #[test]
+    fn fresh_paths_do_not_collide() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = fresh_run_path(dir.path(), "profile", "m/x y", "20261201T000000Z");
+        assert!(a.ends_with("20261201T000000Z-profile-m_x_y"));
+        fs::create_dir(&a).unwrap();
+        let b = fresh_run_path(dir.path(), "profile", "m/x y", "20261201T000000Z");
+        assert!(b.ends_with("20261201T000000Z-profile-m_x_y-2"));
+    }
+}

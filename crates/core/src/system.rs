@@ -1,0 +1,126 @@
+//! A snapshot of the machine a run was measured on (CPU, cores, memory, kernel, governor, load),
+//! read from /proc and /sys; every field is optional because not every system exposes it.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct SystemSnapshot {
+    pub cpu_model: Option<String>,
+    pub logical_cpus: Option<u32>,
+    pub physical_cores: Option<u32>,
+    pub cpu_flags: Vec<String>,
+    pub mem_total_bytes: Option<u64>,
+    pub mem_available_bytes: Option<u64>,
+    pub kernel: Option<String>,
+    pub governor: Option<String>,
+    pub load_avg: Option<[f64; 3]>,
+    pub hostname: Option<String>,
+}
+
+/// CPU flags worth recording for kernels' code paths.
+const FLAGS_OF_INTEREST: [&str; 10] = [
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "amx_int8",
+    "bmi2",
+];
+
+impl SystemSnapshot {
+    pub fn take() -> SystemSnapshot {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let mut snap = parse_cpuinfo(&cpuinfo);
+        snap.mem_total_bytes = meminfo_kib(&meminfo, "MemTotal").map(|k| k * 1024);
+        snap.mem_available_bytes = meminfo_kib(&meminfo, "MemAvailable").map(|k| k * 1024);
+        snap.logical_cpus = snap.logical_cpus.or_else(|| {
+            std::thread::available_parallelism()
+                .ok()
+                .map(|n| n.get() as u32)
+        });
+        snap.kernel = read_trim("/proc/sys/kernel/osrelease");
+        snap.governor = read_trim("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor");
+        snap.hostname = read_trim("/proc/sys/kernel/hostname");
+        snap.load_avg = read_trim("/proc/loadavg").and_then(|s| {
+            let v: Vec<f64> = s
+                .split_whitespace()
+                .take(3)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            (v.len() == 3).then(|| [v[0], v[1], v[2]])
+        });
+        snap
+    }
+}
+
+fn read_trim(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// `MemTotal:  24576000 kB` -> 24576000.
+pub fn meminfo_kib(meminfo: &str, key: &str) -> Option<u64> {
+    meminfo.lines().find_map(|l| {
+        let rest = l.strip_prefix(key)?.strip_prefix(':')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// CPU model, logical CPUs, physical cores and flags from /proc/cpuinfo text.
+pub fn parse_cpuinfo(text: &str) -> SystemSnapshot {
+    let mut snap = SystemSnapshot::default();
+    let mut logical = 0u32;
+    let mut cores = std::collections::BTreeSet::new();
+    let mut physical_id = String::new();
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        let (k, v) = (k.trim(), v.trim());
+        match k {
+            "processor" => logical += 1,
+            "model name" if snap.cpu_model.is_none() => snap.cpu_model = Some(v.to_string()),
+            "physical id" => physical_id = v.to_string(),
+            "core id" => {
+                cores.insert((physical_id.clone(), v.to_string()));
+            }
+            "flags" if snap.cpu_flags.is_empty() => {
+                let all: Vec<&str> = v.split_whitespace().collect();
+                snap.cpu_flags = FLAGS_OF_INTEREST
+                    .iter()
+                    .filter(|f| all.contains(f))
+                    .map(|f| f.to_string())
+                    .collect();
+            }
+            _ => {}
+        }
+    }
+    snap.logical_cpus = (logical > 0).then_some(logical);
+    snap.physical_cores = (!cores.is_empty()).then_some(cores.len() as u32);
+    snap
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cpuinfo_and_meminfo() {
+        let cpu = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nphysical id\t: 0\ncore id\t: 0\nflags\t: fpu avx avx2 fma f16c\n\nprocessor\t: 1\nmodel name\t: AMD EPYC 7B13\nphysical id\t: 0\ncore id\t: 1\nflags\t: fpu avx avx2 fma f16c\n";
+        let s = parse_cpuinfo(cpu);
+        assert_eq!(s.cpu_model.as_deref(), Some("AMD EPYC 7B13"));
+        assert_eq!(s.logical_cpus, Some(2));
+        assert_eq!(s.physical_cores, Some(2));
+        assert_eq!(s.cpu_flags, vec!["avx", "avx2", "fma", "f16c"]);
+        let mem = "MemTotal:       24576000 kB\nMemAvailable:   20000000 kB\n";
+        assert_eq!(meminfo_kib(mem, "MemTotal"), Some(24_576_000));
+        assert_eq!(meminfo_kib(mem, "MemAvailable"), Some(20_000_000));
+        assert_eq!(meminfo_kib(mem, "Nope"), None);
+    }
+}

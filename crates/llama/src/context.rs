@@ -1,0 +1,339 @@
+//! A llama.cpp context (one safe owner of `llama_context *`), its ggml thread pool, token
+//! batches, and the state save/restore that lets every measured run start from the same place.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use llama_cpp_sys_2 as sys;
+
+use crate::backend::log_tail;
+use crate::error::LlamaError;
+use crate::model::Model;
+use crate::observer::{eval_trampoline, ObserveMode, Observer};
+
+/// A ggml CPU thread pool. Attaching one to a context makes a graph cut cost under a
+/// microsecond instead of a thread spawn and join (about 76 µs), which TIMED mode pays per node.
+#[derive(Debug)]
+pub struct ThreadPool {
+    ptr: NonNull<sys::ggml_threadpool>,
+    threads: u32,
+}
+
+// SAFETY: the thread pool is only handed to llama.cpp, which uses it from the thread that calls
+// llama_decode; contexts sharing it never decode concurrently (each needs &mut).
+unsafe impl Send for ThreadPool {}
+// SAFETY: see above; &ThreadPool exposes no operation on the pool.
+unsafe impl Sync for ThreadPool {}
+
+impl ThreadPool {
+    pub fn new(threads: u32) -> Result<ThreadPool, LlamaError> {
+        let threads = threads.max(1);
+        // SAFETY: ggml_threadpool_params_default fills a plain struct; ggml_threadpool_new reads
+        // it during the call only and returns an owned pool or null.
+        let raw = unsafe {
+            let mut params = sys::ggml_threadpool_params_default(threads as i32);
+            sys::ggml_threadpool_new(&mut params)
+        };
+        let ptr = NonNull::new(raw).ok_or(LlamaError::ThreadPool { threads })?;
+        Ok(ThreadPool { ptr, threads })
+    }
+
+    pub fn threads(&self) -> u32 {
+        self.threads
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from ggml_threadpool_new and is freed once; every Context using it
+        // holds an Arc<ThreadPool> and detaches on drop before this runs.
+        unsafe { sys::ggml_threadpool_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// Flash attention setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlashAttn {
+    Auto,
+    On,
+    Off,
+}
+
+/// How to create a context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextParams {
+    pub n_ctx: u32,
+    pub n_batch: u32,
+    pub n_ubatch: u32,
+    pub flash_attn: FlashAttn,
+    /// Install the eval-callback instrument. Without it the scheduler computes each split in one
+    /// call (the true native path); with it, the instrument decides per node.
+    pub instrumented: bool,
+}
+
+/// A llama.cpp context over a model, with its own KV cache and recurrent state.
+pub struct Context {
+    ptr: NonNull<sys::llama_context>,
+    // Freed in Drop after ptr: declared for ownership only.
+    observer: Option<NonNull<Observer>>,
+    pool: Arc<ThreadPool>,
+    model: Arc<Model>,
+    n_ctx: u32,
+    n_batch: u32,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("n_ctx", &self.n_ctx)
+            .field("instrumented", &self.observer.is_some())
+            .finish()
+    }
+}
+
+impl Context {
+    pub fn new(
+        model: Arc<Model>,
+        pool: Arc<ThreadPool>,
+        params: &ContextParams,
+    ) -> Result<Context, LlamaError> {
+        // SAFETY: llama_context_default_params has no preconditions and returns a plain struct.
+        let mut p = unsafe { sys::llama_context_default_params() };
+        p.n_ctx = params.n_ctx;
+        p.n_batch = params.n_batch;
+        p.n_ubatch = params.n_ubatch;
+        p.n_seq_max = 1;
+        p.n_threads = pool.threads() as i32;
+        p.n_threads_batch = pool.threads() as i32;
+        p.no_perf = true;
+        p.flash_attn_type = match params.flash_attn {
+            FlashAttn::Auto => sys::LLAMA_FLASH_ATTN_TYPE_AUTO,
+            FlashAttn::On => sys::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            FlashAttn::Off => sys::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        };
+        let observer = if params.instrumented {
+            let raw = Box::into_raw(Box::new(Observer::new()));
+            p.cb_eval = Some(eval_trampoline);
+            p.cb_eval_user_data = raw.cast();
+            // SAFETY: Box::into_raw never returns null.
+            Some(unsafe { NonNull::new_unchecked(raw) })
+        } else {
+            None
+        };
+        // SAFETY: the model pointer is valid for the life of the Arc we keep; p is a valid params
+        // struct; cb_eval_user_data points to a boxed Observer we free only after llama_free.
+        let raw = unsafe { sys::llama_init_from_model(model.as_ptr(), p) };
+        let Some(ptr) = NonNull::new(raw) else {
+            if let Some(obs) = observer {
+                // SAFETY: llama.cpp failed to create the context, so nothing holds the pointer;
+                // it came from Box::into_raw above.
+                drop(unsafe { Box::from_raw(obs.as_ptr()) });
+            }
+            return Err(LlamaError::Context(log_tail(3)));
+        };
+        // SAFETY: ptr is the context just created; the pool outlives it (we hold the Arc and
+        // detach in Drop before releasing it).
+        unsafe {
+            sys::llama_attach_threadpool(ptr.as_ptr(), pool.ptr.as_ptr(), pool.ptr.as_ptr());
+        }
+        // SAFETY: ptr is a valid context.
+        let n_ctx = unsafe { sys::llama_n_ctx(ptr.as_ptr()) };
+        Ok(Context {
+            ptr,
+            observer,
+            pool,
+            model,
+            n_ctx,
+            n_batch: params.n_batch,
+        })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    pub fn n_ctx(&self) -> u32 {
+        self.n_ctx
+    }
+
+    /// Sets what the instrument does during the next decodes and clears its records.
+    /// Fails on a context created without the instrument.
+    pub fn set_observe_mode(&mut self, mode: ObserveMode) -> Result<(), LlamaError> {
+        let obs = self.observer_mut()?;
+        obs.reset(mode);
+        Ok(())
+    }
+
+    pub(crate) fn observer_mut(&mut self) -> Result<&mut Observer, LlamaError> {
+        let obs = self
+            .observer
+            .ok_or_else(|| LlamaError::Invalid("this context has no instrument".into()))?;
+        // SAFETY: the Observer is owned by self and llama.cpp touches it only inside
+        // llama_decode, which needs &mut self, so this is the only reference.
+        Ok(unsafe { &mut *obs.as_ptr() })
+    }
+
+    /// Empties the KV cache and the recurrent state.
+    pub fn clear_memory(&mut self) {
+        // SAFETY: ptr is a valid context; the memory handle belongs to it.
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ptr.as_ptr()), true) }
+    }
+
+    /// Decodes `tokens` at positions `pos0..`, sequence 0, in batches of `n_batch`; requests
+    /// logits for the last token, or for all of them.
+    pub fn decode(
+        &mut self,
+        tokens: &[i32],
+        pos0: u32,
+        all_logits: bool,
+    ) -> Result<(), LlamaError> {
+        for (i, part) in tokens.chunks(self.n_batch.max(1) as usize).enumerate() {
+            let start = pos0 as usize + i * self.n_batch as usize;
+            let last_part = start + part.len() == pos0 as usize + tokens.len();
+            self.decode_batch(part, start as i32, |j| {
+                all_logits || (last_part && j + 1 == part.len())
+            })?;
+        }
+        Ok(())
+    }
+
+    fn decode_batch(
+        &mut self,
+        tokens: &[i32],
+        pos0: i32,
+        wants_logits: impl Fn(usize) -> bool,
+    ) -> Result<(), LlamaError> {
+        let batch = Batch::new(tokens, pos0, wants_logits)?;
+        // SAFETY: ptr is a valid context; batch's arrays hold batch.raw.n_tokens entries and
+        // stay alive until after the call; llama_decode does not keep them.
+        let code = unsafe { sys::llama_decode(self.ptr.as_ptr(), batch.raw) };
+        // SAFETY: ptr is a valid context.
+        unsafe { sys::llama_synchronize(self.ptr.as_ptr()) };
+        if let Some(obs) = self.observer {
+            // SAFETY: decode returned; we hold &mut self, so no one else touches the Observer.
+            if let Some(msg) = unsafe { (*obs.as_ptr()).panic.take() } {
+                return Err(LlamaError::CallbackPanicked(msg));
+            }
+        }
+        if code != 0 {
+            return Err(LlamaError::Decode {
+                code,
+                why: log_tail(2),
+            });
+        }
+        Ok(())
+    }
+
+    /// The logits of output row `i` of the last decode (`-1`: the last row).
+    pub fn logits(&self, i: i32) -> Result<Vec<f32>, LlamaError> {
+        let n_vocab = self.model.n_vocab() as usize;
+        // SAFETY: ptr is a valid context; llama_get_logits_ith returns null for a row that was
+        // not requested, else a pointer to n_vocab floats owned by the context, copied here
+        // before any other call can change them.
+        unsafe {
+            let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), i);
+            if p.is_null() {
+                return Err(LlamaError::Invalid(format!("no logits for output row {i}")));
+            }
+            Ok(std::slice::from_raw_parts(p, n_vocab).to_vec())
+        }
+    }
+
+    /// The state of sequence 0 (KV cache and recurrent state) as bytes.
+    pub fn save_state(&mut self) -> Result<Vec<u8>, LlamaError> {
+        // SAFETY: ptr is a valid context; the buffer has exactly the size llama.cpp asked for.
+        unsafe {
+            let size = sys::llama_state_seq_get_size(self.ptr.as_ptr(), 0);
+            let mut buf = vec![0u8; size];
+            let written =
+                sys::llama_state_seq_get_data(self.ptr.as_ptr(), buf.as_mut_ptr(), size, 0);
+            if written != size {
+                return Err(LlamaError::State(format!(
+                    "wrote {written} of {size} bytes of sequence state"
+                )));
+            }
+            Ok(buf)
+        }
+    }
+
+    /// Replaces sequence 0's state by one saved with [`Context::save_state`] (from this context
+    /// or another one of the same model and size).
+    pub fn restore_state(&mut self, state: &[u8]) -> Result<(), LlamaError> {
+        self.clear_memory();
+        if state.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: ptr is a valid context; state is a readable slice of state.len() bytes.
+        let read = unsafe {
+            sys::llama_state_seq_set_data(self.ptr.as_ptr(), state.as_ptr(), state.len(), 0)
+        };
+        if read == 0 {
+            return Err(LlamaError::State(log_tail(2)));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from llama_init_from_model and is freed once, detaching the pool
+        // first; the Observer box is freed after llama_free, when nothing can call back.
+        unsafe {
+            sys::llama_detach_threadpool(self.ptr.as_ptr());
+            sys::llama_free(self.ptr.as_ptr());
+            if let Some(obs) = self.observer.take() {
+                drop(Box::from_raw(obs.as_ptr()));
+            }
+        }
+        let _ = &self.pool;
+    }
+}
+
+/// A token batch for one sequence, owning its arrays (no llama_batch_init/free pair to keep
+/// balanced).
+struct Batch {
+    raw: sys::llama_batch,
+    _tokens: Vec<i32>,
+    _pos: Vec<i32>,
+    _n_seq: Vec<i32>,
+    _seq_ids: Vec<i32>,
+    _seq_ptrs: Vec<*mut i32>,
+    _logits: Vec<i8>,
+}
+
+impl Batch {
+    fn new(
+        tokens: &[i32],
+        pos0: i32,
+        wants_logits: impl Fn(usize) -> bool,
+    ) -> Result<Batch, LlamaError> {
+        if tokens.is_empty() {
+            return Err(LlamaError::Invalid("an empty batch".into()));
+        }
+        let n = tokens.len();
+        let mut tokens = tokens.to_vec();
+        let mut pos: Vec<i32> = (0..n as i32).map(|i| pos0 + i).collect();
+        let mut n_seq = vec![1i32; n];
+        let mut seq_ids = vec![0i32; n];
+        let mut seq_ptrs: Vec<*mut i32> = seq_ids.iter_mut().map(|s| s as *mut i32).collect();
+        let mut logits: Vec<i8> = (0..n).map(|i| wants_logits(i) as i8).collect();
+        let raw = sys::llama_batch {
+            n_tokens: n as i32,
+            token: tokens.as_mut_ptr(),
+            embd: std::ptr::null_mut(),
+            pos: pos.as_mut_ptr(),
+            n_seq_id: n_seq.as_mut_ptr(),
+            seq_id: seq_ptrs.as_mut_ptr(),
+            logits: logits.as_mut_ptr(),
+        };
+        Ok(Batch {
+            raw,
+            _tokens: tokens,
+            _pos: pos,
+            _n_seq: n_seq,
+            _seq_ids: seq_ids,
+            _seq_ptrs: seq_ptrs,
+            _logits: logits,
+        })
+    }
+}

@@ -1,0 +1,268 @@
+//! The llama.cpp engine adapter: loads a model, fills the context to a depth, and runs a chunk in
+//! FUSED (no callback), FUSED-observed and TIMED modes through the eval-callback instrument.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use opledger_core::engine::{ChunkTiming, Engine, EngineError, EngineInfo, Mode, Work};
+use opledger_core::node::NodeInfo;
+use opledger_core::tokens::{filler_tokens, hash_f32};
+
+use crate::backend::Backend;
+use crate::context::{Context, ContextParams, FlashAttn, ThreadPool};
+use crate::error::LlamaError;
+use crate::model::{Model, ModelParams};
+use crate::observer::ObserveMode;
+
+/// The version of the vendored llama.cpp, as far as it can be known: the bindings crate carries
+/// no git metadata, so its own version names the source.
+pub const LLAMA_CPP_SYS_VERSION: &str = "llama-cpp-sys-2 0.1.161";
+
+/// How to set up the llama.cpp engine.
+#[derive(Debug, Clone)]
+pub struct LlamaConfig {
+    pub model_path: PathBuf,
+    pub threads: u32,
+    pub flash_attn: FlashAttn,
+    pub gpu_layers: i32,
+    /// Print llama.cpp's log to stderr.
+    pub verbose: bool,
+}
+
+/// llama.cpp as an [`Engine`].
+pub struct LlamaEngine {
+    backend: Backend,
+    cfg: LlamaConfig,
+    model: Arc<Model>,
+    pool: Arc<ThreadPool>,
+    /// No instrument: the true native path.
+    plain: Option<Context>,
+    /// The instrument installed.
+    observed: Option<Context>,
+    work: Option<Work>,
+    chunk: Vec<i32>,
+    state: Vec<u8>,
+    /// The ops of the captured graph, to check that TIMED runs compute the same graph.
+    graph_ops: Option<Vec<u32>>,
+}
+
+impl LlamaEngine {
+    pub fn load(cfg: LlamaConfig) -> Result<LlamaEngine, LlamaError> {
+        let backend = Backend::init(cfg.verbose);
+        let model = Model::load(
+            &backend,
+            &cfg.model_path,
+            &ModelParams {
+                gpu_layers: cfg.gpu_layers,
+            },
+        )?;
+        let pool = ThreadPool::new(cfg.threads)?;
+        Ok(LlamaEngine {
+            backend,
+            cfg,
+            model: Arc::new(model),
+            pool: Arc::new(pool),
+            plain: None,
+            observed: None,
+            work: None,
+            chunk: Vec::new(),
+            state: Vec::new(),
+            graph_ops: None,
+        })
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    fn contexts(&mut self, mode: Mode) -> Result<&mut Context, EngineError> {
+        let ctx = match mode {
+            Mode::Fused => self.plain.as_mut(),
+            Mode::FusedObserved | Mode::Timed => self.observed.as_mut(),
+        };
+        ctx.ok_or_else(|| EngineError::Failed("run() before prepare()".into()))
+    }
+
+    /// Restores the prepared state into the context for `mode` and decodes the chunk, timing it.
+    fn run_chunk(
+        &mut self,
+        mode: Mode,
+        observe: Option<ObserveMode>,
+    ) -> Result<(f64, u64), EngineError> {
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("run() before prepare()".into()))?;
+        let chunk = std::mem::take(&mut self.chunk);
+        let state = std::mem::take(&mut self.state);
+        let result = (|| {
+            let ctx = self.contexts(mode)?;
+            ctx.restore_state(&state)?;
+            if let Some(m) = observe {
+                ctx.set_observe_mode(m)?;
+            }
+            let t0 = Instant::now();
+            ctx.decode(&chunk, work.depth_tokens, work.all_logits)?;
+            let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let hash = if work.all_logits {
+                let mut h = 0u64;
+                for i in 0..chunk.len() as i32 {
+                    h = h.rotate_left(5) ^ hash_f32(&ctx.logits(i)?);
+                }
+                h
+            } else {
+                hash_f32(&ctx.logits(-1)?)
+            };
+            Ok::<_, EngineError>((wall_ms, hash))
+        })();
+        self.chunk = chunk;
+        self.state = state;
+        result
+    }
+}
+
+impl Engine for LlamaEngine {
+    fn info(&self) -> EngineInfo {
+        let mut settings = BTreeMap::new();
+        settings.insert(
+            "flash_attn".into(),
+            format!("{:?}", self.cfg.flash_attn).to_lowercase(),
+        );
+        settings.insert("gpu_layers".into(), self.cfg.gpu_layers.to_string());
+        settings.insert("system_info".into(), self.backend.system_info());
+        settings.insert("model_description".into(), self.model.description());
+        if let Some(ctx) = &self.observed {
+            settings.insert("n_ctx".into(), ctx.n_ctx().to_string());
+        }
+        EngineInfo {
+            engine: "llama.cpp".into(),
+            version: format!("{LLAMA_CPP_SYS_VERSION} (ggml {})", ggml_version()),
+            backend: if self.cfg.gpu_layers > 0 && cfg!(feature = "cuda") {
+                "CUDA".into()
+            } else {
+                "CPU".into()
+            },
+            threads: self.pool.threads(),
+            settings,
+        }
+    }
+
+    fn prepare(&mut self, work: &Work) -> Result<(), EngineError> {
+        if work.chunk_tokens == 0 {
+            return Err(EngineError::Failed("the chunk has no tokens".into()));
+        }
+        let needed = work.depth_tokens as u64 + work.chunk_tokens as u64;
+        // llama.cpp pads the context to 256 cells.
+        let n_ctx = needed.div_ceil(256) * 256;
+        let n_ctx = u32::try_from(n_ctx).map_err(|_| {
+            EngineError::Failed(format!("depth + chunk = {needed} tokens is too large"))
+        })?;
+        let params = |instrumented| ContextParams {
+            n_ctx,
+            n_batch: work.chunk_tokens,
+            n_ubatch: work.chunk_tokens,
+            flash_attn: self.cfg.flash_attn,
+            instrumented,
+        };
+        // Free the old contexts before creating new ones.
+        self.plain = None;
+        self.observed = None;
+        let mut plain = Context::new(self.model.clone(), self.pool.clone(), &params(false))?;
+        let observed = Context::new(self.model.clone(), self.pool.clone(), &params(true))?;
+        let vocab = self.model.n_vocab();
+        plain.clear_memory();
+        if work.depth_tokens > 0 {
+            let fill = filler_tokens(work.token_seed, 0, work.depth_tokens, vocab);
+            plain.decode(&fill, 0, false)?;
+            self.state = plain.save_state()?;
+        } else {
+            self.state = Vec::new();
+        }
+        self.chunk = filler_tokens(work.token_seed, work.depth_tokens, work.chunk_tokens, vocab);
+        self.plain = Some(plain);
+        self.observed = Some(observed);
+        self.work = Some(work.clone());
+        self.graph_ops = None;
+        Ok(())
+    }
+
+    fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
+        self.run_chunk(Mode::FusedObserved, Some(ObserveMode::Capture))?;
+        let ctx = self.contexts(Mode::FusedObserved)?;
+        let obs = ctx.observer_mut()?;
+        let nodes = std::mem::take(&mut obs.captured);
+        self.graph_ops = Some(std::mem::take(&mut obs.ops));
+        Ok(nodes)
+    }
+
+    fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
+        let observe = match mode {
+            Mode::Fused => None,
+            Mode::FusedObserved => Some(ObserveMode::Count),
+            Mode::Timed => Some(ObserveMode::Timed),
+        };
+        let (wall_ms, output_hash) = self.run_chunk(mode, observe)?;
+        if mode == Mode::Fused {
+            return Ok(ChunkTiming {
+                wall_ms,
+                node_us: Vec::new(),
+                nodes_seen: 0,
+                output_hash,
+            });
+        }
+        let graph_ops = self.graph_ops.take();
+        let ctx = self.contexts(mode)?;
+        let obs = ctx.observer_mut()?;
+        let nodes_seen = obs.nodes_seen;
+        let checked = match &graph_ops {
+            Some(ops) if nodes_seen as usize != ops.len() => {
+                Err(EngineError::GraphChanged(format!(
+                    "{} mode saw {nodes_seen} nodes, the captured graph has {}",
+                    mode.label(),
+                    ops.len()
+                )))
+            }
+            Some(ops) if mode == Mode::Timed && obs.ops != *ops => {
+                let at = ops
+                    .iter()
+                    .zip(&obs.ops)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(0);
+                Err(EngineError::GraphChanged(format!(
+                    "TIMED mode computed a different op at node {at} than the captured graph"
+                )))
+            }
+            _ => Ok(()),
+        };
+        self.graph_ops = graph_ops;
+        checked?;
+        let ctx = self.contexts(mode)?;
+        let obs = ctx.observer_mut()?;
+        let node_us: Vec<f64> = obs.timed_ns.iter().map(|&ns| ns as f64 / 1e3).collect();
+        if mode == Mode::Timed && node_us.len() != nodes_seen as usize {
+            return Err(EngineError::GraphChanged(format!(
+                "TIMED mode asked about {nodes_seen} nodes but observed {}",
+                node_us.len()
+            )));
+        }
+        Ok(ChunkTiming {
+            wall_ms,
+            node_us,
+            nodes_seen,
+            output_hash,
+        })
+    }
+}
+
+fn ggml_version() -> String {
+    // SAFETY: ggml_version returns a static NUL-terminated string.
+    unsafe {
+        let p = llama_cpp_sys_2::ggml_version();
+        if p.is_null() {
+            return "?".into();
+        }
+        std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}

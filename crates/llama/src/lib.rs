@@ -1,0 +1,16 @@
+//! The only crate of opledger that names `llama-cpp-sys-2` or writes `unsafe`: a safe layer over
+//! llama.cpp (backend token, model, context, thread pool, eval-callback instrument) and the
+//! llama.cpp engine adapter. Every `unsafe` block carries a `// SAFETY:` note.
+
+pub mod backend;
+pub mod context;
+pub mod engine;
+pub mod error;
+pub mod model;
+pub mod observer;
+
+pub use backend::Backend;
+pub use context::{Context, ContextParams, FlashAttn, ThreadPool};
+pub use engine::{LlamaConfig, LlamaEngine, LLAMA_CPP_SYS_VERSION};
+pub use error::LlamaError;
+pub use model::{Model, ModelParams};

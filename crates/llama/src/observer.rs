@@ -1,0 +1,209 @@
+//! The eval-callback instrument: what llama.cpp's scheduler calls for every node, and the
+//! trampoline that turns those calls into node records and timings without ever unwinding into C.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
+
+use llama_cpp_sys_2 as sys;
+
+use opledger_core::node::{is_view_op, layer_of, NodeInfo, TensorDesc};
+
+use crate::model::c_chars_to_string;
+
+/// What the instrument does during the next decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObserveMode {
+    /// Answer "no" to every ask (native speed), only counting nodes.
+    Count,
+    /// Answer "no" to every ask (native speed) and record every node's description.
+    Capture,
+    /// Answer "yes" to every ask: every node computed alone, timed from ask to observe.
+    Timed,
+}
+
+/// The callback's state. Lives in a Box owned by the context; llama.cpp holds a raw pointer to
+/// it as `cb_eval_user_data` and calls back only from inside `llama_decode`.
+#[derive(Debug)]
+pub(crate) struct Observer {
+    pub mode: ObserveMode,
+    pub nodes_seen: u32,
+    pub captured: Vec<NodeInfo>,
+    /// Tensor address -> node index, to link sources to the nodes that compute them.
+    producers: HashMap<usize, u32>,
+    /// Per-node nanoseconds, TIMED mode, in the order the nodes were observed.
+    pub timed_ns: Vec<u64>,
+    /// The op code of every captured or timed node, to check a TIMED run against the captured
+    /// graph.
+    pub ops: Vec<u32>,
+    t_ask: Option<Instant>,
+    pub panic: Option<String>,
+}
+
+impl Observer {
+    pub fn new() -> Observer {
+        Observer {
+            mode: ObserveMode::Count,
+            nodes_seen: 0,
+            captured: Vec::new(),
+            producers: HashMap::new(),
+            timed_ns: Vec::new(),
+            ops: Vec::new(),
+            t_ask: None,
+            panic: None,
+        }
+    }
+
+    /// Clears the per-run records and sets the mode for the next decode.
+    pub fn reset(&mut self, mode: ObserveMode) {
+        self.mode = mode;
+        self.nodes_seen = 0;
+        self.captured.clear();
+        self.producers.clear();
+        self.timed_ns.clear();
+        self.ops.clear();
+        self.t_ask = None;
+        self.panic = None;
+    }
+
+    fn on_eval(&mut self, t: &sys::ggml_tensor, ask: bool) -> bool {
+        match (self.mode, ask) {
+            (ObserveMode::Timed, true) => {
+                self.nodes_seen += 1;
+                self.t_ask = Some(Instant::now());
+                true
+            }
+            (ObserveMode::Timed, false) => {
+                let ns = self
+                    .t_ask
+                    .take()
+                    .map(|t0| t0.elapsed().as_nanos() as u64)
+                    .unwrap_or(0);
+                self.timed_ns.push(ns);
+                self.ops.push(t.op);
+                true
+            }
+            (ObserveMode::Count, true) => {
+                self.nodes_seen += 1;
+                false
+            }
+            (ObserveMode::Capture, true) => {
+                let index = self.nodes_seen;
+                self.nodes_seen += 1;
+                self.captured.push(describe_node(t, index, &self.producers));
+                self.producers.insert(t as *const _ as usize, index);
+                self.ops.push(t.op);
+                false
+            }
+            // An observe call we did not ask for cannot happen; keep computing if it does.
+            (_, false) => true,
+        }
+    }
+}
+
+/// The trampoline llama.cpp calls for every node (`ggml_backend_sched_eval_callback`).
+///
+/// # Safety
+/// `user_data` must point to a live `Observer` that nothing else accesses during the call, and
+/// `t` must be null or a valid tensor of the graph being computed.
+pub(crate) unsafe extern "C" fn eval_trampoline(
+    t: *mut sys::ggml_tensor,
+    ask: bool,
+    user_data: *mut c_void,
+) -> bool {
+    if t.is_null() || user_data.is_null() {
+        return false;
+    }
+    // SAFETY: the context passes the pointer of its boxed Observer as user data and touches it
+    // only outside llama_decode, so we hold the only reference during the call.
+    let obs = unsafe { &mut *(user_data as *mut Observer) };
+    // SAFETY: t is a non-null node of the graph the scheduler is computing, valid for the call.
+    let tensor = unsafe { &*t };
+    match catch_unwind(AssertUnwindSafe(|| obs.on_eval(tensor, ask))) {
+        Ok(answer) => answer,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            obs.panic.get_or_insert(msg);
+            // "no" to an ask keeps computing natively; "false" to an observe stops the graph.
+            false
+        }
+    }
+}
+
+/// The description of one node in the common schema.
+fn describe_node(t: &sys::ggml_tensor, index: u32, producers: &HashMap<usize, u32>) -> NodeInfo {
+    // SAFETY: ggml_op_desc reads only t's op fields and returns a static string.
+    let op = unsafe { static_str(sys::ggml_op_desc(t)) };
+    let name = c_chars_to_string(&t.name);
+    let srcs = t
+        .src
+        .iter()
+        .rposition(|s| !s.is_null())
+        .map(|last| {
+            t.src[..=last]
+                .iter()
+                .map(|&s| {
+                    if s.is_null() {
+                        None
+                    } else {
+                        // SAFETY: a non-null source of a live graph node is a live tensor.
+                        let mut d = describe_tensor(unsafe { &*s });
+                        d.producer = producers.get(&(s as usize)).copied();
+                        Some(d)
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let is_view = is_view_op(&op);
+    NodeInfo {
+        index,
+        layer: layer_of(&name),
+        out: describe_tensor(t),
+        srcs,
+        inplace: !is_view && !t.view_src.is_null(),
+        is_view,
+        name,
+        op,
+    }
+}
+
+fn describe_tensor(t: &sys::ggml_tensor) -> TensorDesc {
+    // SAFETY: t is a live tensor; these functions only read its fields, and ggml_type_name
+    // returns a static string.
+    let (size_bytes, ggml_type) = unsafe {
+        (
+            sys::ggml_nbytes(t) as u64,
+            static_str(sys::ggml_type_name(t.type_)),
+        )
+    };
+    let is_weight = !t.buffer.is_null()
+        // SAFETY: a non-null buffer of a live tensor is a live buffer.
+        && unsafe { sys::ggml_backend_buffer_get_usage(t.buffer) }
+            == sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS;
+    TensorDesc {
+        name: c_chars_to_string(&t.name),
+        ne: t.ne,
+        ggml_type,
+        size_bytes,
+        is_weight,
+        producer: None,
+    }
+}
+
+/// A static C string from ggml as a String ("?" when null).
+///
+/// # Safety
+/// `p` must be null or point to a NUL-terminated string.
+unsafe fn static_str(p: *const std::ffi::c_char) -> String {
+    if p.is_null() {
+        return "?".into();
+    }
+    // SAFETY: per the contract, p is a NUL-terminated string.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}

@@ -1,0 +1,229 @@
+//! Renderers of a per-node profile: the terminal table, markdown and the bands CSV.
+
+use std::fmt::Write as _;
+
+use opledger_core::manifest::Manifest;
+use opledger_core::profile::{CheckStatus, ProfileSummary};
+
+use crate::table::{markdown_table, text_table, Align};
+
+const BAND_HEADER: [&str; 6] = [
+    "band",
+    "ms/token",
+    "range (cycles)",
+    "share",
+    "nodes",
+    "working",
+];
+const BAND_ALIGN: [Align; 6] = [
+    Align::Left,
+    Align::Right,
+    Align::Right,
+    Align::Right,
+    Align::Right,
+    Align::Right,
+];
+
+fn band_rows(s: &ProfileSummary) -> Vec<Vec<String>> {
+    let mut rows: Vec<Vec<String>> = s
+        .bands
+        .iter()
+        .map(|b| {
+            vec![
+                b.band.clone(),
+                format!("{:.4}", b.ms_per_token),
+                format!("{:.4}–{:.4}", b.ms_per_token_min, b.ms_per_token_max),
+                format!("{:.1} %", b.share * 100.0),
+                b.nodes.to_string(),
+                b.working_nodes.to_string(),
+            ]
+        })
+        .collect();
+    rows.push(vec![
+        "total".into(),
+        format!("{:.4}", s.bands.iter().map(|b| b.ms_per_token).sum::<f64>()),
+        String::new(),
+        format!(
+            "{:.1} %",
+            s.bands.iter().map(|b| b.share).sum::<f64>() * 100.0
+        ),
+        s.nodes.to_string(),
+        (s.nodes - s.view_nodes).to_string(),
+    ]);
+    rows
+}
+
+fn mark(status: CheckStatus) -> &'static str {
+    match status {
+        CheckStatus::Pass => "ok",
+        CheckStatus::Warn => "WARN",
+        CheckStatus::Fail => "FAIL",
+    }
+}
+
+fn heading(m: &Manifest, s: &ProfileSummary) -> (String, String) {
+    let title = format!(
+        "{} · {} · {} {} · {} · {} threads",
+        m.model_label(),
+        m.model.arch.arch,
+        m.engine.engine,
+        m.engine.version,
+        m.engine.backend,
+        m.engine.threads
+    );
+    let work = format!(
+        "chunk of {} tokens at depth {}, logits: {} · {} cycles, medians",
+        s.tokens, s.depth_tokens, s.logits, s.cycles
+    );
+    (title, work)
+}
+
+fn figures(s: &ProfileSummary) -> Vec<String> {
+    let f = &s.fused_ms_spread;
+    let a = &s.agreement_spread;
+    let o = &s.overhead_spread;
+    vec![
+        format!(
+            "FUSED wall {:.2} ms [{:.2}–{:.2}] for {} tokens: {:.1} tok/s",
+            s.fused_ms, f.min, f.max, s.tokens, s.tok_per_s
+        ),
+        format!(
+            "TIMED sum {:.2} ms (TIMED wall {:.2} ms) · agreement {:+.2} % [{:+.2}–{:+.2}]",
+            s.timed_sum_ms,
+            s.timed_wall_ms,
+            s.agreement * 100.0,
+            a.min * 100.0,
+            a.max * 100.0
+        ),
+        format!(
+            "coverage {:.2} % · instrument overhead {:.4} [{:.4}–{:.4}] · outputs {}",
+            s.coverage * 100.0,
+            s.overhead,
+            o.min,
+            o.max,
+            if s.outputs_identical {
+                "bit-identical across modes"
+            } else {
+                "DIFFER between runs"
+            }
+        ),
+    ]
+}
+
+fn contents_line(label: &str, rows: &[opledger_core::profile::NameRow]) -> Option<String> {
+    if rows.is_empty() {
+        return None;
+    }
+    let items: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{} ({}, {}×, {:.4})",
+                r.name,
+                r.ops.join("/"),
+                r.nodes,
+                r.ms_per_token
+            )
+        })
+        .collect();
+    Some(format!("{label}: {}", items.join(", ")))
+}
+
+/// The terminal rendering.
+pub fn profile_text(m: &Manifest, s: &ProfileSummary) -> String {
+    let (title, work) = heading(m, s);
+    let mut out = String::new();
+    let _ = writeln!(out, "{title}\n{work}\n");
+    let _ = writeln!(
+        out,
+        "{}\n",
+        text_table(&BAND_HEADER, &BAND_ALIGN, &band_rows(s))
+    );
+    for line in figures(s) {
+        let _ = writeln!(out, "{line}");
+    }
+    if let Some(l) = contents_line("other holds", &s.other) {
+        let _ = writeln!(out, "{l}");
+    }
+    if let Some(l) = contents_line("UNASSIGNED", &s.unassigned) {
+        let _ = writeln!(out, "{l}");
+    }
+    for f in &s.audit {
+        let _ = writeln!(
+            out,
+            "AUDIT: node {} {} ({}): {}",
+            f.node, f.name, f.op, f.why
+        );
+    }
+    let checks: Vec<String> = s
+        .checks
+        .iter()
+        .map(|c| format!("{} {}", mark(c.status), c.name))
+        .collect();
+    let _ = writeln!(out, "checks: {}", checks.join(" · "));
+    for c in s.checks.iter().filter(|c| c.status != CheckStatus::Pass) {
+        let _ = writeln!(out, "  {} {}: {}", mark(c.status), c.name, c.detail);
+    }
+    out
+}
+
+/// The markdown rendering (a section of a report).
+pub fn profile_markdown(m: &Manifest, s: &ProfileSummary) -> String {
+    let (title, work) = heading(m, s);
+    let mut out = String::new();
+    let _ = writeln!(out, "## {title}\n\n{work}\n");
+    let _ = writeln!(
+        out,
+        "{}\n",
+        markdown_table(&BAND_HEADER, &BAND_ALIGN, &band_rows(s))
+    );
+    for line in figures(s) {
+        let _ = writeln!(out, "- {line}");
+    }
+    if let Some(l) = contents_line("other holds", &s.other) {
+        let _ = writeln!(out, "- {l}");
+    }
+    if let Some(l) = contents_line("unassigned", &s.unassigned) {
+        let _ = writeln!(out, "- {l}");
+    }
+    let _ = writeln!(out, "\n| check | status | detail |\n| --- | --- | --- |");
+    for c in &s.checks {
+        let _ = writeln!(out, "| {} | {} | {} |", c.name, mark(c.status), c.detail);
+    }
+    out
+}
+
+/// One row per band: the figures a spreadsheet wants.
+pub fn bands_csv(s: &ProfileSummary) -> Result<String, csv::Error> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record([
+        "band",
+        "ms_per_token",
+        "ms_per_token_min",
+        "ms_per_token_max",
+        "share",
+        "nodes",
+        "working_nodes",
+        "timed_ms",
+        "tokens",
+        "depth_tokens",
+        "fused_ms",
+    ])?;
+    for b in &s.bands {
+        w.write_record([
+            b.band.clone(),
+            format!("{:.6}", b.ms_per_token),
+            format!("{:.6}", b.ms_per_token_min),
+            format!("{:.6}", b.ms_per_token_max),
+            format!("{:.6}", b.share),
+            b.nodes.to_string(),
+            b.working_nodes.to_string(),
+            format!("{:.6}", b.timed_ms),
+            s.tokens.to_string(),
+            s.depth_tokens.to_string(),
+            format!("{:.6}", s.fused_ms),
+        ])?;
+    }
+    let bytes = w.into_inner().map_err(|e| e.into_error())?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}

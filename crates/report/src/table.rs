@@ -1,0 +1,44 @@
+//! Table layout shared by the renderers (comfy-table, no terminal-width dependence so output is
+//! the same everywhere).
+
+use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
+
+/// Column alignment.
+#[derive(Clone, Copy)]
+pub enum Align {
+    Left,
+    Right,
+}
+
+/// A plain table (no borders) for terminals.
+pub fn text_table(header: &[&str], align: &[Align], rows: &[Vec<String>]) -> String {
+    build(presets::NOTHING, header, align, rows)
+        .lines()
+        .map(|l| l.trim_end().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A GitHub-flavoured markdown table.
+pub fn markdown_table(header: &[&str], align: &[Align], rows: &[Vec<String>]) -> String {
+    build(presets::ASCII_MARKDOWN, header, align, rows)
+}
+
+fn build(preset: &str, header: &[&str], align: &[Align], rows: &[Vec<String>]) -> String {
+    let mut t = Table::new();
+    t.load_preset(preset)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(header.iter().map(|h| h.to_string()));
+    for row in rows {
+        t.add_row(row.clone());
+    }
+    for (i, a) in align.iter().enumerate() {
+        if let Some(col) = t.column_mut(i) {
+            col.set_cell_alignment(match a {
+                Align::Left => CellAlignment::Left,
+                Align::Right => CellAlignment::Right,
+            });
+        }
+    }
+    t.to_string()
+}
