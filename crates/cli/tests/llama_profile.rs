@@ -25,6 +25,7 @@ fn engine(path: &Path) -> LlamaEngine {
         threads: 2,
         flash_attn: FlashAttn::Auto,
         gpu_layers: 0,
+        no_repack: false,
         verbose: false,
     })
     .unwrap()

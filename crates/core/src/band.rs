@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::arch::{ArchInfo, LayerKind};
-use crate::node::{base_name, weight_token, NodeInfo};
+use crate::node::{base_name, borrows_identity, weight_token, NodeInfo};
 
 /// The band of nodes no rule matched. Coverage is the share of time outside it.
 pub const UNASSIGNED: &str = "unassigned";
@@ -194,14 +194,6 @@ pub struct Categoriser<'a> {
     arch: &'a ArchInfo,
 }
 
-/// A generic node name (`node_17`, empty) carries no meaning of its own.
-fn is_generic_name(name: &str) -> bool {
-    name.is_empty()
-        || name
-            .strip_prefix("node_")
-            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-}
-
 impl<'a> Categoriser<'a> {
     pub fn new(rules: &'a BandRules, arch: &'a ArchInfo) -> Categoriser<'a> {
         Categoriser { rules, arch }
@@ -276,7 +268,7 @@ impl<'a> Categoriser<'a> {
                 .any(|t| t == n.base_name())
             {
                 Inherit::FromConsumer
-            } else if is_generic_name(&n.name) || n.name.contains(" (") {
+            } else if borrows_identity(n) {
                 Inherit::Both
             } else {
                 Inherit::No
@@ -392,6 +384,7 @@ mod tests {
             srcs,
             is_view: crate::node::is_view_op(op),
             inplace: false,
+            skipped: false,
         }
     }
 

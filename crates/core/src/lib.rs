@@ -5,6 +5,7 @@
 
 pub mod arch;
 pub mod band;
+pub mod census;
 pub mod engine;
 pub mod manifest;
 pub mod mock;

@@ -68,6 +68,7 @@ impl MockEngine {
                 srcs,
                 is_view: is_view_op(op),
                 inplace: false,
+                skipped: false,
             });
         }
         MockEngine {

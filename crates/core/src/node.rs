@@ -63,9 +63,18 @@ pub struct NodeInfo {
     pub is_view: bool,
     /// The node writes into memory it views (a cache write, an in-place op).
     pub inplace: bool,
+    /// The backend skips the node: it lacks ggml's COMPUTE flag (the unselected branch of a
+    /// `ggml_build_forward_select`, such as llama.cpp's mixed-batch input path).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skipped: bool,
 }
 
 impl NodeInfo {
+    /// The node does work: not a view, not skipped by the backend.
+    pub fn is_working(&self) -> bool {
+        !self.is_view && !self.skipped
+    }
+
     /// The first source that is a model weight, if any.
     pub fn weight(&self) -> Option<&TensorDesc> {
         self.srcs.iter().flatten().find(|s| s.is_weight)
@@ -91,6 +100,53 @@ impl NodeInfo {
     pub fn src(&self, i: usize) -> Option<&TensorDesc> {
         self.srcs.get(i).and_then(|s| s.as_ref())
     }
+}
+
+/// A generic node name (`node_17`, empty) carries no meaning of its own.
+pub fn is_generic_name(name: &str) -> bool {
+    name.is_empty()
+        || name
+            .strip_prefix("node_")
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Does the node's name say nothing of its own? True for views, unnamed nodes and nodes named
+/// after another tensor (`x (copy of y)`): these take their band and layer from their neighbours.
+pub fn borrows_identity(node: &NodeInfo) -> bool {
+    node.is_view || is_generic_name(&node.name) || node.name.contains(" (")
+}
+
+/// The layer of every node: its own (from its name) where it has one, else, for nodes that
+/// borrow their identity, the layer of the node it reads or, failing that, of the node that
+/// reads it. Named nodes outside layers (`result_norm`) stay `None`.
+pub fn effective_layers(graph: &[NodeInfo]) -> Vec<Option<u32>> {
+    let mut layers: Vec<Option<u32>> = graph.iter().map(|n| n.layer).collect();
+    for i in 0..graph.len() {
+        if layers[i].is_some() || !borrows_identity(&graph[i]) {
+            continue;
+        }
+        layers[i] = graph[i]
+            .srcs
+            .iter()
+            .flatten()
+            .filter_map(|s| s.producer)
+            .filter(|&p| (p as usize) < i)
+            .find_map(|p| layers[p as usize]);
+    }
+    let mut first_consumer: Vec<Option<usize>> = vec![None; graph.len()];
+    for (i, n) in graph.iter().enumerate() {
+        for p in n.srcs.iter().flatten().filter_map(|s| s.producer) {
+            if let Some(slot) = first_consumer.get_mut(p as usize) {
+                slot.get_or_insert(i);
+            }
+        }
+    }
+    for i in (0..graph.len()).rev() {
+        if layers[i].is_none() && borrows_identity(&graph[i]) {
+            layers[i] = first_consumer[i].and_then(|c| layers[c]);
+        }
+    }
+    layers
 }
 
 /// Strips ggml's decorations (` (view)`, ` (reshaped)`, ` (permuted)`, ` (transposed)`,

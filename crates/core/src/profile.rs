@@ -174,7 +174,7 @@ pub struct BandRow {
     pub share: f64,
     /// Nodes in the band, views included.
     pub nodes: u32,
-    /// Nodes in the band that do work (views excluded).
+    /// Nodes in the band that do work (views and nodes the backend skips excluded).
     pub working_nodes: u32,
     /// The band's median TIMED milliseconds for the whole chunk.
     pub timed_ms: f64,
@@ -365,7 +365,7 @@ pub fn summarise(
         let per_cycle = sample(&per_cycle, "band times")?;
         let nodes = (0..n).filter(|&i| member(i)).count() as u32;
         let working = (0..n)
-            .filter(|&i| member(i) && !raw.graph[i].is_view)
+            .filter(|&i| member(i) && raw.graph[i].is_working())
             .count() as u32;
         bands.push(BandRow {
             band: band.clone(),

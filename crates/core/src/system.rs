@@ -58,6 +58,12 @@ impl SystemSnapshot {
     }
 }
 
+/// This process's peak resident set size (`VmHWM`), where /proc tells it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    meminfo_kib(&status, "VmHWM").map(|k| k * 1024)
+}
+
 fn read_trim(path: &str) -> Option<String> {
     std::fs::read_to_string(path)
         .ok()

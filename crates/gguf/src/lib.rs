@@ -15,8 +15,8 @@ pub mod writer;
 pub use error::GgufError;
 pub use reader::{GgufFile, TensorInfo};
 pub use synth::{
-    plan, preset, presets, synthesize, Arch, ModelPlan, Preset, SynthError, SynthOptions,
-    SynthReport,
+    plan, preset, presets, synthesize, synthesize_preset, Arch, ModelPlan, Preset, SynthError,
+    SynthOptions, SynthReport,
 };
 pub use types::{GgmlType, ParseGgmlTypeError};
 pub use value::{Array, Value, ValueType};

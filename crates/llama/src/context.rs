@@ -1,7 +1,9 @@
 //! A llama.cpp context (one safe owner of `llama_context *`), its ggml thread pool, token
 //! batches, and the state save/restore that lets every measured run start from the same place.
 
+use std::ffi::c_void;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use llama_cpp_sys_2 as sys;
@@ -76,6 +78,9 @@ pub struct Context {
     ptr: NonNull<sys::llama_context>,
     // Freed in Drop after ptr: declared for ownership only.
     observer: Option<NonNull<Observer>>,
+    /// When set, the CPU backend stops the graph after the node it is computing (llama.cpp's
+    /// abort callback, checked after every node). Boxed: llama.cpp holds its address.
+    abort: Box<AtomicBool>,
     pool: Arc<ThreadPool>,
     model: Arc<Model>,
     n_ctx: u32,
@@ -136,11 +141,22 @@ impl Context {
         unsafe {
             sys::llama_attach_threadpool(ptr.as_ptr(), pool.ptr.as_ptr(), pool.ptr.as_ptr());
         }
+        let abort = Box::new(AtomicBool::new(false));
+        // SAFETY: ptr is a valid context; the AtomicBool lives in a Box owned by the Context,
+        // which outlives every decode, and abort_trampoline only reads it.
+        unsafe {
+            sys::llama_set_abort_callback(
+                ptr.as_ptr(),
+                Some(abort_trampoline),
+                &*abort as *const AtomicBool as *mut c_void,
+            );
+        }
         // SAFETY: ptr is a valid context.
         let n_ctx = unsafe { sys::llama_n_ctx(ptr.as_ptr()) };
         Ok(Context {
             ptr,
             observer,
+            abort,
             pool,
             model,
             n_ctx,
@@ -171,6 +187,13 @@ impl Context {
         // SAFETY: the Observer is owned by self and llama.cpp touches it only inside
         // llama_decode, which needs &mut self, so this is the only reference.
         Ok(unsafe { &mut *obs.as_ptr() })
+    }
+
+    /// Makes the next decodes stop after the first node computed (CPU backend only). With the
+    /// instrument in Capture mode this describes the whole graph of a split at the cost of one
+    /// node; the decode then fails with llama.cpp's "aborted" code 2.
+    pub fn set_abort(&mut self, abort: bool) {
+        self.abort.store(abort, Ordering::Relaxed);
     }
 
     /// Empties the KV cache and the recurrent state.
@@ -287,6 +310,19 @@ impl Drop for Context {
         }
         let _ = &self.pool;
     }
+}
+
+/// llama.cpp's abort callback: true stops the computation.
+///
+/// # Safety
+/// `data` must point to a live AtomicBool.
+unsafe extern "C" fn abort_trampoline(data: *mut c_void) -> bool {
+    if data.is_null() {
+        return false;
+    }
+    // SAFETY: the context registered the address of its boxed AtomicBool, which lives as long as
+    // the context; loading an atomic cannot panic.
+    unsafe { &*(data as *const AtomicBool) }.load(Ordering::Relaxed)
 }
 
 /// A token batch for one sequence, owning its arrays (no llama_batch_init/free pair to keep

@@ -27,8 +27,23 @@ pub struct LlamaConfig {
     pub threads: u32,
     pub flash_attn: FlashAttn,
     pub gpu_layers: i32,
+    /// Load without weight repacking (see [`ModelParams::no_repack`]): for census-only work.
+    pub no_repack: bool,
     /// Print llama.cpp's log to stderr.
     pub verbose: bool,
+}
+
+/// A graph described without running the model, and what had to be computed to get it.
+#[derive(Debug, Clone)]
+pub struct GraphCapture {
+    pub nodes: Vec<NodeInfo>,
+    /// Tokens decoded (computed) to fill the context to the depth first.
+    pub filled_tokens: u32,
+    /// Nodes of the chunk actually computed: 1 when the abort after the first node worked,
+    /// every node when the graph had to be run in full (several splits, a GPU backend).
+    pub chunk_nodes_computed: u32,
+    /// Milliseconds the capture took, context creation and fill included.
+    pub wall_ms: f64,
 }
 
 /// llama.cpp as an [`Engine`].
@@ -46,16 +61,19 @@ pub struct LlamaEngine {
     state: Vec<u8>,
     /// The ops of the captured graph, to check that TIMED runs compute the same graph.
     graph_ops: Option<Vec<u32>>,
+    load_ms: f64,
 }
 
 impl LlamaEngine {
     pub fn load(cfg: LlamaConfig) -> Result<LlamaEngine, LlamaError> {
+        let t0 = Instant::now();
         let backend = Backend::init(cfg.verbose);
         let model = Model::load(
             &backend,
             &cfg.model_path,
             &ModelParams {
                 gpu_layers: cfg.gpu_layers,
+                no_repack: cfg.no_repack,
             },
         )?;
         let pool = ThreadPool::new(cfg.threads)?;
@@ -70,11 +88,77 @@ impl LlamaEngine {
             chunk: Vec::new(),
             state: Vec::new(),
             graph_ops: None,
+            load_ms: t0.elapsed().as_secs_f64() * 1e3,
         })
+    }
+
+    /// Milliseconds the model took to load (llama.cpp memory-maps the file and prefetches it).
+    pub fn load_ms(&self) -> f64 {
+        self.load_ms
     }
 
     pub fn model(&self) -> &Model {
         &self.model
+    }
+
+    /// The graph llama.cpp computes for `work`, described without running the model: one
+    /// instrumented context answers "no" to every ask (so the scheduler asks about every node of
+    /// the split before computing it) and llama.cpp's abort callback stops the computation after
+    /// the first node. The context is filled to the depth first, which does compute (the graph
+    /// at depth L attends over L cached keys). If the capture does not end at the logits node
+    /// (a graph in several splits), the chunk is run in full instead, and the result says so.
+    pub fn capture_graph(&mut self, work: &Work) -> Result<GraphCapture, LlamaError> {
+        let t0 = Instant::now();
+        let needed = work.depth_tokens as u64 + work.chunk_tokens.max(1) as u64;
+        let n_ctx = u32::try_from(needed.div_ceil(256) * 256).map_err(|_| {
+            LlamaError::Invalid(format!("depth + chunk = {needed} tokens is too large"))
+        })?;
+        let mut ctx = Context::new(
+            self.model.clone(),
+            self.pool.clone(),
+            &ContextParams {
+                n_ctx,
+                n_batch: work.chunk_tokens,
+                n_ubatch: work.chunk_tokens,
+                flash_attn: self.cfg.flash_attn,
+                instrumented: true,
+            },
+        )?;
+        let vocab = self.model.n_vocab();
+        ctx.set_observe_mode(ObserveMode::Count)?;
+        let state = if work.depth_tokens > 0 {
+            let fill = filler_tokens(work.token_seed, 0, work.depth_tokens, vocab);
+            ctx.decode(&fill, 0, false)?;
+            ctx.save_state()?
+        } else {
+            Vec::new()
+        };
+        let chunk = filler_tokens(work.token_seed, work.depth_tokens, work.chunk_tokens, vocab);
+        ctx.set_observe_mode(ObserveMode::Capture)?;
+        ctx.set_abort(true);
+        let aborted = ctx.decode(&chunk, work.depth_tokens, work.all_logits);
+        ctx.set_abort(false);
+        let computed_one = match aborted {
+            Err(LlamaError::Decode { code: 2, .. }) => true,
+            Ok(()) => false,
+            Err(e) => return Err(e),
+        };
+        let mut nodes = std::mem::take(&mut ctx.observer_mut()?.captured);
+        let complete = nodes.last().is_some_and(|n| n.name == "result_output");
+        let mut chunk_nodes_computed = if computed_one { 1 } else { nodes.len() as u32 };
+        if !complete {
+            ctx.restore_state(&state)?;
+            ctx.set_observe_mode(ObserveMode::Capture)?;
+            ctx.decode(&chunk, work.depth_tokens, work.all_logits)?;
+            nodes = std::mem::take(&mut ctx.observer_mut()?.captured);
+            chunk_nodes_computed = nodes.len() as u32;
+        }
+        Ok(GraphCapture {
+            nodes,
+            filled_tokens: work.depth_tokens,
+            chunk_nodes_computed,
+            wall_ms: t0.elapsed().as_secs_f64() * 1e3,
+        })
     }
 
     fn contexts(&mut self, mode: Mode) -> Result<&mut Context, EngineError> {
@@ -131,6 +215,7 @@ impl Engine for LlamaEngine {
             format!("{:?}", self.cfg.flash_attn).to_lowercase(),
         );
         settings.insert("gpu_layers".into(), self.cfg.gpu_layers.to_string());
+        settings.insert("weight_repack".into(), (!self.cfg.no_repack).to_string());
         settings.insert("system_info".into(), self.backend.system_info());
         settings.insert("model_description".into(), self.model.description());
         if let Some(ctx) = &self.observed {

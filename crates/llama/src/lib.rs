@@ -11,6 +11,6 @@ pub mod observer;
 
 pub use backend::Backend;
 pub use context::{Context, ContextParams, FlashAttn, ThreadPool};
-pub use engine::{LlamaConfig, LlamaEngine, LLAMA_CPP_SYS_VERSION};
+pub use engine::{GraphCapture, LlamaConfig, LlamaEngine, LLAMA_CPP_SYS_VERSION};
 pub use error::LlamaError;
 pub use model::{Model, ModelParams};

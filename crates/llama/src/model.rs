@@ -14,6 +14,10 @@ use crate::error::LlamaError;
 pub struct ModelParams {
     /// Layers to offload to a GPU (0 = CPU only; ignored without a GPU backend).
     pub gpu_layers: i32,
+    /// Do not repack weights into the CPU backend's tiled layouts. Loading then reads nothing
+    /// but the tensors a computation touches (the file is memory-mapped), which is what a census
+    /// wants; the graph's nodes are the same, but matmul speed is not the native one.
+    pub no_repack: bool,
 }
 
 /// A model loaded by llama.cpp. Freed on drop.
@@ -45,6 +49,9 @@ impl Model {
         // SAFETY: llama_model_default_params has no preconditions and returns a plain struct.
         let mut p = unsafe { sys::llama_model_default_params() };
         p.n_gpu_layers = params.gpu_layers;
+        if params.no_repack {
+            p.use_extra_bufts = false;
+        }
         // SAFETY: c_path is a valid NUL-terminated string that outlives the call; p is a valid
         // params struct obtained from llama.cpp's defaults; the backend token proves
         // llama_backend_init ran.

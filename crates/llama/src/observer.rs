@@ -167,6 +167,7 @@ fn describe_node(t: &sys::ggml_tensor, index: u32, producers: &HashMap<usize, u3
         out: describe_tensor(t),
         srcs,
         inplace: !is_view && !t.view_src.is_null(),
+        skipped: !is_view && (t.flags & sys::GGML_TENSOR_FLAG_COMPUTE as i32) == 0,
         is_view,
         name,
         op,

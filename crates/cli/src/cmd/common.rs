@@ -85,7 +85,7 @@ pub fn default_model() -> Result<PathBuf> {
 }
 
 #[cfg(feature = "llama")]
-pub fn load_llama(args: &ModelArgs) -> Result<opledger_llama::LlamaEngine> {
+pub fn load_llama(args: &ModelArgs, no_repack: bool) -> Result<opledger_llama::LlamaEngine> {
     use opledger_llama::{FlashAttn, LlamaConfig, LlamaEngine};
     let model_path = args.path()?;
     let cfg = LlamaConfig {
@@ -97,6 +97,7 @@ pub fn load_llama(args: &ModelArgs) -> Result<opledger_llama::LlamaEngine> {
             FlashAttnArg::Off => FlashAttn::Off,
         },
         gpu_layers: args.gpu_layers,
+        no_repack,
         verbose: args.verbose,
     };
     LlamaEngine::load(cfg).with_context(|| format!("loading model '{}'", model_path.display()))

@@ -167,7 +167,7 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
         let folder = RunFolder::create(&out)?;
         let mut model_args = args.model.clone();
         model_args.model = Some(model_path.clone());
-        let mut engine = super::common::load_llama(&model_args)?;
+        let mut engine = super::common::load_llama(&model_args, false)?;
         let bar = steps_bar(args.quiet || args.json);
         let raw = profile::measure(&mut engine, &cfg, &mut |phase, done, total| {
             bar.set_message(phase.to_string());

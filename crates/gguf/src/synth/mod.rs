@@ -129,8 +129,27 @@ pub fn synthesize(
     path: &Path,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<SynthReport, SynthError> {
+    write_plan(&plan(opts)?, opts, path, progress)
+}
+
+/// Writes a model of any preset, built-in or not (`opts.preset` is ignored): for tests that
+/// vary a preset's widths to show what depends on them.
+pub fn synthesize_preset(
+    preset: &Preset,
+    opts: &SynthOptions,
+    path: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<SynthReport, SynthError> {
+    write_plan(&plan_for(preset, opts)?, opts, path, progress)
+}
+
+fn write_plan(
+    plan: &ModelPlan,
+    opts: &SynthOptions,
+    path: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<SynthReport, SynthError> {
     let started = Instant::now();
-    let plan = plan(opts)?;
     let mut writer = GgufWriter::create(path, &plan.metadata, &plan.specs())?;
     let total = writer.total_size_bytes();
     progress(writer.bytes_written(), total);
