@@ -65,7 +65,7 @@ pub struct BandRules {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RulesError {
-    #[error("{file}: {source}")]
+    #[error("{file}: invalid band rules")]
     Parse {
         file: String,
         #[source]

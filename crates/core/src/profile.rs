@@ -234,6 +234,11 @@ pub struct ProfileSummary {
     /// FUSED-with-instrument / FUSED.
     pub overhead: f64,
     pub overhead_spread: Spread,
+    /// The same two ratios from the fastest run of each mode (min TIMED sum / min FUSED - 1,
+    /// min FUSED-with-instrument / min FUSED): on a machine whose speed drifts, the least
+    /// disturbed runs, as a cross-check of the medians.
+    pub agreement_of_minimums: f64,
+    pub overhead_of_minimums: f64,
     /// Every run of every mode computed bit-identical logits.
     pub outputs_identical: bool,
     pub nodes: u32,
@@ -327,6 +332,22 @@ pub fn summarise(
             .map(|(c, s)| s / c.fused_ms - 1.0)
             .collect::<Vec<_>>(),
         "agreement",
+    )?;
+    let fused_all = sample(
+        &raw.cycles
+            .iter()
+            .map(|c| c.fused_ms)
+            .chain(raw.overhead_pairs.iter().map(|(f, _)| *f))
+            .collect::<Vec<_>>(),
+        "fused_ms",
+    )?;
+    let observed_all = sample(
+        &raw.cycles
+            .iter()
+            .map(|c| c.fused_observed_ms)
+            .chain(raw.overhead_pairs.iter().map(|(_, o)| *o))
+            .collect::<Vec<_>>(),
+        "fused_observed_ms",
     )?;
     let overhead = sample(
         &raw.cycles
@@ -520,6 +541,8 @@ pub fn summarise(
         coverage,
         overhead: overhead.median(),
         overhead_spread: overhead.spread(),
+        agreement_of_minimums: timed_sum.min() / fused.min() - 1.0,
+        overhead_of_minimums: observed_all.min() / fused_all.min(),
         outputs_identical: identical,
         nodes: n as u32,
         view_nodes: raw.graph.iter().filter(|g| g.is_view).count() as u32,
@@ -676,6 +699,7 @@ mod tests {
         e.observed_factor = 1.02;
         let s = run(&mut e, 4);
         assert!(close(s.overhead, 1.02));
+        assert!(close(s.overhead_of_minimums, 1.02));
         let c = s.checks.iter().find(|c| c.name == "overhead").unwrap();
         assert_eq!(c.status, CheckStatus::Warn);
     }
@@ -691,6 +715,8 @@ mod tests {
         let s = run(&mut e, 4);
         assert!(close(s.fused_ms, 1.0), "{}", s.fused_ms);
         assert!(close(s.fused_ms_spread.max, 2.0));
+        // the fastest runs are the undisturbed ones: TIMED sum 1.0 ms vs FUSED 1.0 ms
+        assert!(close(s.agreement_of_minimums, 0.0));
         assert!(close(
             s.band("moe").unwrap().ms_per_token,
             0.5 * 1.0 / 100.0

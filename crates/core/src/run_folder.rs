@@ -20,13 +20,13 @@ pub enum RunFolderError {
     NotARun { path: PathBuf, why: String },
     #[error("{}: the run is incomplete (interrupted while being written)", .0.display())]
     Incomplete(PathBuf),
-    #[error("{}: {source}", .path.display())]
+    #[error("{}", .path.display())]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("{}: {source}", .path.display())]
+    #[error("{}: invalid JSON", .path.display())]
     Json {
         path: PathBuf,
         #[source]

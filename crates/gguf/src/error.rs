@@ -7,7 +7,7 @@ use crate::types::GgmlType;
 /// What went wrong with a GGUF file, and where.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("{path}: I/O error: {source}")]
+    #[error("{path}: I/O error")]
     Io {
         path: PathBuf,
         #[source]

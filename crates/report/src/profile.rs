@@ -96,6 +96,11 @@ fn figures(s: &ProfileSummary) -> Vec<String> {
             a.max * 100.0
         ),
         format!(
+            "from the fastest run of each mode: agreement {:+.2} %, overhead {:.4}",
+            s.agreement_of_minimums * 100.0,
+            s.overhead_of_minimums
+        ),
+        format!(
             "coverage {:.2} % · instrument overhead {:.4} [{:.4}–{:.4}] · outputs {}",
             s.coverage * 100.0,
             s.overhead,
