@@ -94,4 +94,34 @@ pub trait Engine {
 
     /// Restores the prepared state and runs the chunk once in `mode`.
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError>;
+
+    /// Sets up a cumulative depth sweep of `chunks` chunks of `work.chunk_tokens` (chunk c is
+    /// decoded at depth c x chunk). Afterwards [`Engine::graph`] describes chunk 0 at depth 0.
+    fn prepare_sweep(&mut self, work: &Work, chunks: u32) -> Result<(), EngineError> {
+        let _ = (work, chunks);
+        Err(EngineError::Unsupported {
+            what: "depth sweeps".into(),
+            why: "this engine has no cumulative passes".into(),
+        })
+    }
+
+    /// Starts a cumulative pass in `mode`: empties the context, then decodes chunks
+    /// `0..first_chunk` untimed (a resumed pass continues where the stored one stopped).
+    fn start_pass(&mut self, mode: Mode, first_chunk: u32) -> Result<(), EngineError> {
+        let _ = (mode, first_chunk);
+        Err(EngineError::Unsupported {
+            what: "depth sweeps".into(),
+            why: "this engine has no cumulative passes".into(),
+        })
+    }
+
+    /// Decodes the pass's next chunk, `index`, at depth `index x chunk`, timed as in
+    /// [`Engine::run`]. Chunks must come in order.
+    fn pass_chunk(&mut self, mode: Mode, index: u32) -> Result<ChunkTiming, EngineError> {
+        let _ = (mode, index);
+        Err(EngineError::Unsupported {
+            what: "depth sweeps".into(),
+            why: "this engine has no cumulative passes".into(),
+        })
+    }
 }

@@ -59,6 +59,8 @@ pub struct LlamaEngine {
     work: Option<Work>,
     chunk: Vec<i32>,
     state: Vec<u8>,
+    /// A sweep's chunk count and the pass in progress (its mode and next chunk).
+    sweep: Option<(u32, Option<(Mode, u32)>)>,
     /// The ops of the captured graph, to check that TIMED runs compute the same graph.
     graph_ops: Option<Vec<u32>>,
     load_ms: f64,
@@ -87,6 +89,7 @@ impl LlamaEngine {
             work: None,
             chunk: Vec::new(),
             state: Vec::new(),
+            sweep: None,
             graph_ops: None,
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
         })
@@ -99,6 +102,183 @@ impl LlamaEngine {
 
     pub fn model(&self) -> &Model {
         &self.model
+    }
+
+    fn context_params(
+        &self,
+        n_tokens: u64,
+        chunk_tokens: u32,
+        instrumented: bool,
+    ) -> Result<ContextParams, LlamaError> {
+        // llama.cpp pads the context to 256 cells.
+        let n_ctx = u32::try_from(n_tokens.max(1).div_ceil(256) * 256).map_err(|_| {
+            LlamaError::Invalid(format!("a context of {n_tokens} tokens is too large"))
+        })?;
+        Ok(ContextParams {
+            n_ctx,
+            n_batch: chunk_tokens,
+            n_ubatch: chunk_tokens,
+            flash_attn: self.cfg.flash_attn,
+            instrumented,
+        })
+    }
+
+    /// Replaces both contexts by new ones holding `n_tokens`.
+    fn create_contexts(&mut self, n_tokens: u64, chunk_tokens: u32) -> Result<(), LlamaError> {
+        if chunk_tokens == 0 {
+            return Err(LlamaError::Invalid("the chunk has no tokens".into()));
+        }
+        // Free the old contexts before creating new ones.
+        self.plain = None;
+        self.observed = None;
+        let plain_params = self.context_params(n_tokens, chunk_tokens, false)?;
+        let observed_params = self.context_params(n_tokens, chunk_tokens, true)?;
+        self.plain = Some(Context::new(
+            self.model.clone(),
+            self.pool.clone(),
+            &plain_params,
+        )?);
+        self.observed = Some(Context::new(
+            self.model.clone(),
+            self.pool.clone(),
+            &observed_params,
+        )?);
+        self.graph_ops = None;
+        self.sweep = None;
+        Ok(())
+    }
+
+    fn context(&mut self, mode: Mode) -> Result<&mut Context, EngineError> {
+        let ctx = match mode {
+            Mode::Fused => self.plain.as_mut(),
+            Mode::FusedObserved | Mode::Timed => self.observed.as_mut(),
+        };
+        ctx.ok_or_else(|| EngineError::Failed("the engine is not prepared".into()))
+    }
+
+    /// Decodes `tokens` at `pos0` in `mode`'s context (no state restore), timed, and hashes the
+    /// requested logits.
+    fn decode_timed(
+        &mut self,
+        mode: Mode,
+        tokens: &[i32],
+        pos0: u32,
+        all_logits: bool,
+    ) -> Result<(f64, u64), EngineError> {
+        let ctx = self.context(mode)?;
+        if mode != Mode::Fused {
+            ctx.set_observe_mode(observe_mode(mode))?;
+        }
+        let t0 = Instant::now();
+        ctx.decode(tokens, pos0, all_logits)?;
+        let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let hash = if all_logits {
+            let mut h = 0u64;
+            for i in 0..tokens.len() as i32 {
+                h = h.rotate_left(5) ^ hash_f32(&ctx.logits(i)?);
+            }
+            h
+        } else {
+            hash_f32(&ctx.logits(-1)?)
+        };
+        Ok((wall_ms, hash))
+    }
+
+    /// The instrument's records of the run just done, checked against the captured graph.
+    fn timing(
+        &mut self,
+        mode: Mode,
+        wall_ms: f64,
+        output_hash: u64,
+    ) -> Result<ChunkTiming, EngineError> {
+        if mode == Mode::Fused {
+            return Ok(ChunkTiming {
+                wall_ms,
+                node_us: Vec::new(),
+                nodes_seen: 0,
+                output_hash,
+            });
+        }
+        let graph_ops = self.graph_ops.take();
+        let result = self
+            .read_observer(mode, graph_ops.as_deref())
+            .map(|(nodes_seen, node_us)| ChunkTiming {
+                wall_ms,
+                node_us,
+                nodes_seen,
+                output_hash,
+            });
+        self.graph_ops = graph_ops;
+        result
+    }
+
+    fn read_observer(
+        &mut self,
+        mode: Mode,
+        graph_ops: Option<&[u32]>,
+    ) -> Result<(u32, Vec<f64>), EngineError> {
+        let obs = self.context(mode)?.observer_mut()?;
+        let nodes_seen = obs.nodes_seen;
+        if let Some(ops) = graph_ops {
+            if nodes_seen as usize != ops.len() {
+                return Err(EngineError::GraphChanged(format!(
+                    "{} mode saw {nodes_seen} nodes, the captured graph has {}",
+                    mode.label(),
+                    ops.len()
+                )));
+            }
+            if mode == Mode::Timed && obs.ops != ops {
+                let at = ops
+                    .iter()
+                    .zip(&obs.ops)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(0);
+                return Err(EngineError::GraphChanged(format!(
+                    "TIMED mode computed a different op at node {at} than the captured graph"
+                )));
+            }
+        }
+        let node_us: Vec<f64> = obs.timed_ns.iter().map(|&ns| ns as f64 / 1e3).collect();
+        if mode == Mode::Timed && node_us.len() != nodes_seen as usize {
+            return Err(EngineError::GraphChanged(format!(
+                "TIMED mode asked about {nodes_seen} nodes but observed {}",
+                node_us.len()
+            )));
+        }
+        Ok((nodes_seen, node_us))
+    }
+
+    /// Restores the prepared state into `mode`'s context and decodes the chunk.
+    fn run_chunk(&mut self, mode: Mode) -> Result<(f64, u64), EngineError> {
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("run() before prepare()".into()))?;
+        let chunk = std::mem::take(&mut self.chunk);
+        let state = std::mem::take(&mut self.state);
+        let result = self
+            .context(mode)
+            .and_then(|ctx| ctx.restore_state(&state).map_err(EngineError::from))
+            .and_then(|_| self.decode_timed(mode, &chunk, work.depth_tokens, work.all_logits));
+        self.chunk = chunk;
+        self.state = state;
+        result
+    }
+
+    /// The tokens of sweep chunk `index` and its first position.
+    fn sweep_tokens(&self, work: &Work, index: u32) -> Result<(Vec<i32>, u32), EngineError> {
+        let pos0 = index
+            .checked_mul(work.chunk_tokens)
+            .ok_or_else(|| EngineError::Failed(format!("chunk {index} lies beyond 2^32 tokens")))?;
+        Ok((
+            filler_tokens(
+                work.token_seed,
+                pos0,
+                work.chunk_tokens,
+                self.model.n_vocab(),
+            ),
+            pos0,
+        ))
     }
 
     /// The graph llama.cpp computes for `work`, described without running the model: one
@@ -160,51 +340,6 @@ impl LlamaEngine {
             wall_ms: t0.elapsed().as_secs_f64() * 1e3,
         })
     }
-
-    fn contexts(&mut self, mode: Mode) -> Result<&mut Context, EngineError> {
-        let ctx = match mode {
-            Mode::Fused => self.plain.as_mut(),
-            Mode::FusedObserved | Mode::Timed => self.observed.as_mut(),
-        };
-        ctx.ok_or_else(|| EngineError::Failed("run() before prepare()".into()))
-    }
-
-    /// Restores the prepared state into the context for `mode` and decodes the chunk, timing it.
-    fn run_chunk(
-        &mut self,
-        mode: Mode,
-        observe: Option<ObserveMode>,
-    ) -> Result<(f64, u64), EngineError> {
-        let work = self
-            .work
-            .clone()
-            .ok_or_else(|| EngineError::Failed("run() before prepare()".into()))?;
-        let chunk = std::mem::take(&mut self.chunk);
-        let state = std::mem::take(&mut self.state);
-        let result = (|| {
-            let ctx = self.contexts(mode)?;
-            ctx.restore_state(&state)?;
-            if let Some(m) = observe {
-                ctx.set_observe_mode(m)?;
-            }
-            let t0 = Instant::now();
-            ctx.decode(&chunk, work.depth_tokens, work.all_logits)?;
-            let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
-            let hash = if work.all_logits {
-                let mut h = 0u64;
-                for i in 0..chunk.len() as i32 {
-                    h = h.rotate_left(5) ^ hash_f32(&ctx.logits(i)?);
-                }
-                h
-            } else {
-                hash_f32(&ctx.logits(-1)?)
-            };
-            Ok::<_, EngineError>((wall_ms, hash))
-        })();
-        self.chunk = chunk;
-        self.state = state;
-        result
-    }
 }
 
 impl Engine for LlamaEngine {
@@ -235,109 +370,133 @@ impl Engine for LlamaEngine {
     }
 
     fn prepare(&mut self, work: &Work) -> Result<(), EngineError> {
-        if work.chunk_tokens == 0 {
-            return Err(EngineError::Failed("the chunk has no tokens".into()));
-        }
         let needed = work.depth_tokens as u64 + work.chunk_tokens as u64;
-        // llama.cpp pads the context to 256 cells.
-        let n_ctx = needed.div_ceil(256) * 256;
-        let n_ctx = u32::try_from(n_ctx).map_err(|_| {
-            EngineError::Failed(format!("depth + chunk = {needed} tokens is too large"))
-        })?;
-        let params = |instrumented| ContextParams {
-            n_ctx,
-            n_batch: work.chunk_tokens,
-            n_ubatch: work.chunk_tokens,
-            flash_attn: self.cfg.flash_attn,
-            instrumented,
-        };
-        // Free the old contexts before creating new ones.
-        self.plain = None;
-        self.observed = None;
-        let mut plain = Context::new(self.model.clone(), self.pool.clone(), &params(false))?;
-        let observed = Context::new(self.model.clone(), self.pool.clone(), &params(true))?;
+        self.create_contexts(needed, work.chunk_tokens)?;
         let vocab = self.model.n_vocab();
+        let plain = self.context(Mode::Fused)?;
         plain.clear_memory();
-        if work.depth_tokens > 0 {
+        let state = if work.depth_tokens > 0 {
             let fill = filler_tokens(work.token_seed, 0, work.depth_tokens, vocab);
             plain.decode(&fill, 0, false)?;
-            self.state = plain.save_state()?;
+            plain.save_state()?
         } else {
-            self.state = Vec::new();
-        }
+            Vec::new()
+        };
+        self.state = state;
         self.chunk = filler_tokens(work.token_seed, work.depth_tokens, work.chunk_tokens, vocab);
-        self.plain = Some(plain);
-        self.observed = Some(observed);
         self.work = Some(work.clone());
-        self.graph_ops = None;
         Ok(())
     }
 
     fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
-        self.run_chunk(Mode::FusedObserved, Some(ObserveMode::Capture))?;
-        let ctx = self.contexts(Mode::FusedObserved)?;
-        let obs = ctx.observer_mut()?;
-        let nodes = std::mem::take(&mut obs.captured);
-        self.graph_ops = Some(std::mem::take(&mut obs.ops));
+        // Capture mode is set after the restore: decode_timed would set Count.
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("graph() before prepare()".into()))?;
+        let chunk = std::mem::take(&mut self.chunk);
+        let state = std::mem::take(&mut self.state);
+        let result = (|| {
+            let ctx = self.context(Mode::FusedObserved)?;
+            ctx.restore_state(&state)?;
+            ctx.set_observe_mode(ObserveMode::Capture)?;
+            ctx.decode(&chunk, work.depth_tokens, work.all_logits)?;
+            let obs = ctx.observer_mut()?;
+            Ok::<_, EngineError>((
+                std::mem::take(&mut obs.captured),
+                std::mem::take(&mut obs.ops),
+            ))
+        })();
+        self.chunk = chunk;
+        self.state = state;
+        let (nodes, ops) = result?;
+        self.graph_ops = Some(ops);
         Ok(nodes)
     }
 
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
-        let observe = match mode {
-            Mode::Fused => None,
-            Mode::FusedObserved => Some(ObserveMode::Count),
-            Mode::Timed => Some(ObserveMode::Timed),
-        };
-        let (wall_ms, output_hash) = self.run_chunk(mode, observe)?;
-        if mode == Mode::Fused {
-            return Ok(ChunkTiming {
-                wall_ms,
-                node_us: Vec::new(),
-                nodes_seen: 0,
-                output_hash,
-            });
+        let (wall_ms, hash) = self.run_chunk(mode)?;
+        self.timing(mode, wall_ms, hash)
+    }
+
+    fn prepare_sweep(&mut self, work: &Work, chunks: u32) -> Result<(), EngineError> {
+        if chunks == 0 {
+            return Err(EngineError::Failed("a sweep of no chunks".into()));
         }
-        let graph_ops = self.graph_ops.take();
-        let ctx = self.contexts(mode)?;
-        let obs = ctx.observer_mut()?;
-        let nodes_seen = obs.nodes_seen;
-        let checked = match &graph_ops {
-            Some(ops) if nodes_seen as usize != ops.len() => {
-                Err(EngineError::GraphChanged(format!(
-                    "{} mode saw {nodes_seen} nodes, the captured graph has {}",
-                    mode.label(),
-                    ops.len()
-                )))
-            }
-            Some(ops) if mode == Mode::Timed && obs.ops != *ops => {
-                let at = ops
-                    .iter()
-                    .zip(&obs.ops)
-                    .position(|(a, b)| a != b)
-                    .unwrap_or(0);
-                Err(EngineError::GraphChanged(format!(
-                    "TIMED mode computed a different op at node {at} than the captured graph"
-                )))
-            }
-            _ => Ok(()),
+        let needed = chunks as u64 * work.chunk_tokens as u64;
+        self.create_contexts(needed, work.chunk_tokens)?;
+        let first = Work {
+            depth_tokens: 0,
+            ..work.clone()
         };
-        self.graph_ops = graph_ops;
-        checked?;
-        let ctx = self.contexts(mode)?;
-        let obs = ctx.observer_mut()?;
-        let node_us: Vec<f64> = obs.timed_ns.iter().map(|&ns| ns as f64 / 1e3).collect();
-        if mode == Mode::Timed && node_us.len() != nodes_seen as usize {
-            return Err(EngineError::GraphChanged(format!(
-                "TIMED mode asked about {nodes_seen} nodes but observed {}",
-                node_us.len()
+        self.chunk = self.sweep_tokens(&first, 0)?.0;
+        self.state = Vec::new();
+        self.work = Some(first);
+        self.sweep = Some((chunks, None));
+        Ok(())
+    }
+
+    fn start_pass(&mut self, mode: Mode, first_chunk: u32) -> Result<(), EngineError> {
+        let Some((chunks, _)) = self.sweep else {
+            return Err(EngineError::Failed(
+                "start_pass() before prepare_sweep()".into(),
+            ));
+        };
+        if first_chunk >= chunks {
+            return Err(EngineError::Failed(format!(
+                "a pass starting at chunk {first_chunk} of {chunks}"
             )));
         }
-        Ok(ChunkTiming {
-            wall_ms,
-            node_us,
-            nodes_seen,
-            output_hash,
-        })
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("no work".into()))?;
+        let fill = filler_tokens(
+            work.token_seed,
+            0,
+            first_chunk * work.chunk_tokens,
+            self.model.n_vocab(),
+        );
+        let ctx = self.context(mode)?;
+        ctx.clear_memory();
+        if mode != Mode::Fused {
+            ctx.set_observe_mode(ObserveMode::Count)?;
+        }
+        if !fill.is_empty() {
+            ctx.decode(&fill, 0, false)?;
+        }
+        self.sweep = Some((chunks, Some((mode, first_chunk))));
+        Ok(())
+    }
+
+    fn pass_chunk(&mut self, mode: Mode, index: u32) -> Result<ChunkTiming, EngineError> {
+        match self.sweep {
+            Some((chunks, Some((m, next)))) if m == mode && next == index && index < chunks => {}
+            other => {
+                return Err(EngineError::Failed(format!(
+                    "pass_chunk({}, {index}) out of order (sweep state {other:?})",
+                    mode.label()
+                )))
+            }
+        }
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("no work".into()))?;
+        let (tokens, pos0) = self.sweep_tokens(&work, index)?;
+        let (wall_ms, hash) = self.decode_timed(mode, &tokens, pos0, work.all_logits)?;
+        if let Some((_, Some((_, next)))) = &mut self.sweep {
+            *next = index + 1;
+        }
+        self.timing(mode, wall_ms, hash)
+    }
+}
+
+/// What the instrument does in each mode (the plain context has none).
+fn observe_mode(mode: Mode) -> ObserveMode {
+    match mode {
+        Mode::Fused | Mode::FusedObserved => ObserveMode::Count,
+        Mode::Timed => ObserveMode::Timed,
     }
 }
 
