@@ -19,7 +19,9 @@ enum Command {
     Synth(opledger::cmd::synth::SynthArgs),
     /// Profile one chunk per node: bands in ms/token (TIMED share x FUSED wall / tokens).
     Profile(opledger::cmd::profile::ProfileArgs),
-    /// List every node of the graph llama.cpp computes for a chunk.
+    /// Sweep context depth: bands per depth, a fit per band, where attention overtakes the FFN.
+    Sweep(opledger::cmd::sweep::SweepArgs),
+    /// The census of the graph llama.cpp computes for a chunk, checked against the architecture.
     Graph(opledger::cmd::graph::GraphArgs),
     /// Re-render a stored run from its raw data, without measuring again.
     Report(opledger::cmd::report::ReportArgs),
@@ -30,6 +32,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Synth(a) => opledger::cmd::synth::run(a),
         Command::Profile(a) => opledger::cmd::profile::run(a),
+        Command::Sweep(a) => opledger::cmd::sweep::run(a),
         Command::Graph(a) => opledger::cmd::graph::run(a),
         Command::Report(a) => opledger::cmd::report::run(a),
     };

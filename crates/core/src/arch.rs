@@ -42,6 +42,24 @@ pub struct ArchInfo {
     pub n_head: u32,
     pub n_head_kv: u32,
     pub n_vocab: u32,
+    /// Dimension of one key head and one value head (`attention.key_length`, `value_length`).
+    #[serde(default)]
+    pub key_length: u32,
+    #[serde(default)]
+    pub value_length: u32,
+    /// Recurrent (linear-attention) state shape, for memory estimates: conv kernel, state size,
+    /// key-head groups, value heads (`ssm.*`); all 0 without linear-attention layers.
+    #[serde(default)]
+    pub ssm_conv_kernel: u32,
+    #[serde(default)]
+    pub ssm_state_size: u32,
+    #[serde(default)]
+    pub ssm_group_count: u32,
+    #[serde(default)]
+    pub ssm_time_step_rank: u32,
+    /// Width of one expert's FFN (MoE) or of the dense FFN.
+    #[serde(default)]
+    pub ffn_length: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -97,14 +115,33 @@ impl ArchInfo {
             .or_else(|| md.get_u64("tokenizer.ggml.vocab_size"))
             .unwrap_or(0) as u32;
         let n_head = req("attention.head_count")? as u32;
+        let n_embd = req("embedding_length")? as u32;
+        let head_dim = n_embd.checked_div(n_head).unwrap_or(0);
+        let opt = |k: &str| md.get_u64(&key(k)).unwrap_or(0) as u32;
         Ok(ArchInfo {
             layer_kinds,
             n_experts,
             n_experts_used,
             shared_expert: md.has_tensor("blk.0.ffn_down_shexp.weight"),
             fused_gate_up: md.has_tensor("blk.0.ffn_gate_up_exps.weight"),
-            n_embd: req("embedding_length")? as u32,
+            n_embd,
             n_head,
+            key_length: md
+                .get_u64(&key("attention.key_length"))
+                .map(|v| v as u32)
+                .unwrap_or(head_dim),
+            value_length: md
+                .get_u64(&key("attention.value_length"))
+                .map(|v| v as u32)
+                .unwrap_or(head_dim),
+            ssm_conv_kernel: opt("ssm.conv_kernel"),
+            ssm_state_size: opt("ssm.state_size"),
+            ssm_group_count: opt("ssm.group_count"),
+            ssm_time_step_rank: opt("ssm.time_step_rank"),
+            ffn_length: md
+                .get_u64(&key("expert_feed_forward_length"))
+                .or_else(|| md.get_u64(&key("feed_forward_length")))
+                .unwrap_or(0) as u32,
             n_head_kv: md
                 .get_u64(&key("attention.head_count_kv"))
                 .unwrap_or(n_head as u64) as u32,

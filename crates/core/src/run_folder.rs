@@ -71,6 +71,36 @@ impl RunFolder {
         Ok(folder)
     }
 
+    /// Reopens a folder whose writing was interrupted (it still carries the marker), to add
+    /// what is missing. A finished folder cannot be reopened.
+    pub fn resume(path: &Path) -> Result<RunFolder, RunFolderError> {
+        if !path.is_dir() {
+            return Err(RunFolderError::NotARun {
+                path: path.to_path_buf(),
+                why: "no such folder".into(),
+            });
+        }
+        if !path.join(INCOMPLETE_MARKER).exists() {
+            return Err(RunFolderError::NotARun {
+                path: path.to_path_buf(),
+                why: "it is complete; a finished run cannot be resumed".into(),
+            });
+        }
+        Ok(RunFolder {
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Removes a derived file (a rendering) left by an interrupted run, before it is rendered
+    /// again from the raw data. Only allowed while the folder is incomplete.
+    pub fn remove_derived(&self, name: &str) -> Result<(), RunFolderError> {
+        let target = self.path.join(name);
+        if target.exists() {
+            fs::remove_file(&target).map_err(io_err(&target))?;
+        }
+        Ok(())
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -84,10 +114,13 @@ impl RunFolder {
                 file: name.to_string(),
             });
         }
-        if let Some(parent) = target.parent() {
-            fs::create_dir_all(parent).map_err(io_err(parent))?;
-        }
-        let tmp = self.path.join(format!(".{name}.tmp"));
+        let parent = target.parent().unwrap_or(&self.path);
+        fs::create_dir_all(parent).map_err(io_err(parent))?;
+        let file_name = target
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = parent.join(format!(".{file_name}.tmp"));
         {
             let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
             f.write_all(bytes).map_err(io_err(&tmp))?;
@@ -181,6 +214,8 @@ mod tests {
             Err(RunFolderError::Incomplete(_))
         ));
         f.write("a.txt", b"x").unwrap();
+        f.write("sub/b.bin", b"z").unwrap();
+        assert_eq!(fs::read(p.join("sub/b.bin")).unwrap(), b"z");
         let err = f.write("a.txt", b"y").unwrap_err();
         assert!(err.to_string().contains("a.txt already exists"), "{err}");
         assert_eq!(fs::read(p.join("a.txt")).unwrap(), b"x");

@@ -6,6 +6,7 @@
 pub mod census;
 pub mod nodes;
 pub mod profile;
+pub mod sweep;
 mod table;
 
 pub use nodes::nodes_csv;

@@ -4,4 +4,5 @@ pub mod common;
 pub mod graph;
 pub mod profile;
 pub mod report;
+pub mod sweep;
 pub mod synth;

@@ -35,9 +35,12 @@ enum Format {
 pub fn run(args: ReportArgs) -> Result<ExitCode> {
     let dir = open_complete(&args.run)?;
     let m: Manifest = read_json(&dir.join("manifest.json"))?;
+    if m.command == "sweep" {
+        return sweep_report(&dir, &m, &args);
+    }
     if m.command != "profile" {
         bail!(
-            "{}: a '{}' run; report renders profile runs",
+            "{}: a '{}' run; report renders profile and sweep runs",
             dir.display(),
             m.command
         );
@@ -71,4 +74,39 @@ pub fn run(args: ReportArgs) -> Result<ExitCode> {
     })?;
     debug_assert!(printed);
     Ok(exit_code(&summary))
+}
+
+fn sweep_report(dir: &std::path::Path, m: &Manifest, args: &ReportArgs) -> Result<ExitCode> {
+    use super::sweep::render_sweep;
+    let cfg: opledger_core::sweep::SweepConfig = read_json(&dir.join("config.json"))?;
+    if let Some(out) = &args.output {
+        let folder = RunFolder::create(out)?;
+        render_sweep(dir, m, &cfg, |name, bytes| {
+            folder.write(name, bytes).map(|_| ()).map_err(Into::into)
+        })?;
+        folder.finish()?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let wanted = match args.format {
+        Format::Text => "table.txt",
+        Format::Md | Format::Nodes => bail!(
+            "a sweep has no {} rendering; try text, csv or json",
+            match args.format {
+                Format::Md => "markdown",
+                _ => "per-node",
+            }
+        ),
+        Format::Csv => "depths.csv",
+        Format::Json => "summary.json",
+    };
+    render_sweep(dir, m, &cfg, |name, bytes| {
+        if name == wanted {
+            use std::io::Write;
+            std::io::stdout()
+                .write_all(bytes)
+                .context("writing to stdout")?;
+        }
+        Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
 }

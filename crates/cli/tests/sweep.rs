@@ -1,0 +1,254 @@
+//! The depth sweep on real llama.cpp runs of a tiny synthetic model: attention grows with depth
+//! and the fit sees it, coverage holds at every depth, and a sweep killed with SIGKILL resumes
+//! to the same set of depths without losing or repeating a chunk.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command as Process, Stdio};
+use std::time::{Duration, Instant};
+
+use assert_cmd::cargo::CommandCargoExt;
+use assert_cmd::Command;
+
+/// The timing tests of this file run one at a time: two sweeps sharing two cores would measure
+/// each other.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn tiny(dir: &Path) -> PathBuf {
+    let model = dir.join("tiny.gguf");
+    Command::cargo_bin("opledger")
+        .unwrap()
+        .args(["synth", "--preset", "tiny-qwen35moe", "-q", "-o"])
+        .arg(&model)
+        .assert()
+        .success();
+    model
+}
+
+fn summary(run: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap()
+}
+
+fn chunk_files(run: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(run.join("chunks"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.retain(|n| n.ends_with(".bin"));
+    names.sort();
+    names
+}
+
+#[test]
+fn attention_grows_with_depth_and_every_depth_is_covered() {
+    let _one_at_a_time = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(dir.path());
+    let run = dir.path().join("sweep");
+    Command::cargo_bin("opledger")
+        .unwrap()
+        .args([
+            "sweep",
+            "-p",
+            "512",
+            "--max-depth",
+            "8192",
+            "-r",
+            "3",
+            "-t",
+            "2",
+            "-q",
+            "-m",
+        ])
+        .arg(&model)
+        .arg("-o")
+        .arg(&run)
+        .assert()
+        .success();
+    let s = summary(&run);
+    let depths = s["depths"].as_array().unwrap();
+    assert_eq!(depths.len(), 17, "depths 0, 512, ..., 8192");
+    for d in depths {
+        assert_eq!(d["coverage"], 1.0, "depth {}", d["depth"]);
+    }
+    let fit = |band: &str| {
+        s["fits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["band"] == band)
+            .unwrap()
+            .clone()
+    };
+    let att = fit("attention");
+    // a positive slope well outside its standard error, and a line that explains most of the
+    // variation (R² is kept modest: a shared 2-core machine moves every depth by ±10 %)
+    let (b, se_b) = (
+        att["fit"]["b"].as_f64().unwrap(),
+        att["fit"]["se_b"].as_f64().unwrap(),
+    );
+    assert!(b > 3.0 * se_b, "attention slope {b} ± {se_b}");
+    assert!(
+        att["fit"]["r2"].as_f64().unwrap() > 0.7,
+        "attention R² {}",
+        att["fit"]["r2"]
+    );
+    assert_eq!(att["flat"], false);
+    // the FFN does not depend on the context: flat (within 10 % or no significant slope)
+    assert_eq!(fit("moe")["flat"], true, "{}", fit("moe"));
+    assert!(run.join("chart.svg").is_file() && run.join("depths.csv").is_file());
+    assert_eq!(chunk_files(&run).len(), 17 * 2 * 3);
+    // report re-renders the same summary from the stored chunks
+    let again = Command::cargo_bin("opledger")
+        .unwrap()
+        .args(["report", "--format", "json"])
+        .arg(&run)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    assert!(
+        again == std::fs::read(run.join("summary.json")).unwrap(),
+        "report differs"
+    );
+}
+
+#[test]
+fn a_sweep_killed_mid_pass_resumes_to_the_same_depths() {
+    let _one_at_a_time = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(dir.path());
+    let run = dir.path().join("killed");
+    let args = |run: &Path| -> Vec<String> {
+        vec![
+            "sweep".into(),
+            "-p".into(),
+            "256".into(),
+            "--max-depth".into(),
+            "2048".into(),
+            "-r".into(),
+            "2".into(),
+            "-t".into(),
+            "2".into(),
+            "-q".into(),
+            "-m".into(),
+            model.display().to_string(),
+            "-o".into(),
+            run.display().to_string(),
+        ]
+    };
+    let mut child = Process::cargo_bin("opledger")
+        .unwrap()
+        .args(args(&run))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // wait until the first cycle's TIMED pass is under way, then SIGKILL
+    let t0 = Instant::now();
+    loop {
+        let timed = chunk_files(&run)
+            .iter()
+            .filter(|n| n.starts_with("c000-timed"))
+            .count();
+        if timed >= 3 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "the sweep made no progress"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the sweep ended before it was killed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = chunk_files(&run);
+    assert!(run.join("INCOMPLETE").exists());
+    assert!(before.len() < 9 * 2 * 2, "killed too late to test anything");
+
+    Command::cargo_bin("opledger")
+        .unwrap()
+        .args(["sweep", "-q", "--resume"])
+        .arg(&run)
+        .assert()
+        .success();
+    assert!(
+        !run.join("INCOMPLETE").exists(),
+        "the resumed folder is not complete"
+    );
+    let after = chunk_files(&run);
+    // nothing measured before the kill was lost or measured again
+    assert!(before.iter().all(|n| after.contains(n)));
+    let mut expected = Vec::new();
+    for cycle in 0..2 {
+        for mode in ["fused", "timed"] {
+            for chunk in 0..9 {
+                expected.push(format!("c{cycle:03}-{mode}-{chunk:05}.bin"));
+            }
+        }
+    }
+    expected.sort();
+    assert_eq!(after, expected);
+
+    // the same depths as an uninterrupted sweep
+    let whole = dir.path().join("whole");
+    Command::cargo_bin("opledger")
+        .unwrap()
+        .args(args(&whole))
+        .assert()
+        .success();
+    let depths = |run: &Path| -> Vec<u64> {
+        summary(run)["depths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["depth"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(depths(&run), depths(&whole));
+    assert_eq!(chunk_files(&whole), expected);
+    // a finished run cannot be resumed
+    Command::cargo_bin("opledger")
+        .unwrap()
+        .args(["sweep", "--resume"])
+        .arg(&run)
+        .assert()
+        .code(2);
+}
+
+#[test]
+fn a_sweep_that_cannot_fit_in_memory_is_refused_before_loading() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(dir.path());
+    let out = Command::cargo_bin("opledger")
+        .unwrap()
+        .args(["sweep", "-p", "512", "--max-depth", "4000000000", "-m"])
+        .arg(&model)
+        .arg("-o")
+        .arg(dir.path().join("never"))
+        .assert()
+        .code(2)
+        .get_output()
+        .stderr
+        .clone();
+    let err = String::from_utf8_lossy(&out);
+    assert!(
+        err.contains("is available") && err.contains("KV cache"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("never").exists(),
+        "a refused run left a folder"
+    );
+}

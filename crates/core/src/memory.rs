@@ -1,0 +1,121 @@
+//! Memory a run needs before it starts: weights, KV cache, recurrent state and compute buffers,
+//! set against the memory available, so a run that cannot fit is refused with both numbers
+//! instead of failing (or swapping) an hour in.
+
+use serde::{Deserialize, Serialize};
+
+use crate::arch::{ArchInfo, LayerKind};
+
+/// What a run of `contexts` contexts of `n_ctx` tokens needs, by part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryEstimate {
+    pub weights_bytes: u64,
+    pub kv_cache_bytes: u64,
+    pub recurrent_state_bytes: u64,
+    /// A deliberate over-estimate of the compute buffers (activations of one chunk, the
+    /// attention scores of the soft-max path, the logits).
+    pub compute_bytes: u64,
+    pub total_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the run needs about {} (weights {}, KV cache {}, recurrent state {}, compute {}) but {} is available",
+    gib(.need.total_bytes), gib(.need.weights_bytes), gib(.need.kv_cache_bytes),
+    gib(.need.recurrent_state_bytes), gib(.need.compute_bytes), gib(*.available_bytes)
+)]
+pub struct DoesNotFit {
+    pub need: MemoryEstimate,
+    pub available_bytes: u64,
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// The estimate for `contexts` contexts (llama.cpp's profile uses two: plain and instrumented)
+/// holding `n_ctx` tokens each and decoding chunks of `chunk_tokens`. The KV cache is F16, as
+/// llama.cpp's default.
+pub fn estimate(
+    arch: &ArchInfo,
+    weights_bytes: u64,
+    n_ctx: u64,
+    chunk_tokens: u64,
+    contexts: u64,
+    all_logits: bool,
+) -> MemoryEstimate {
+    let full = arch.layers_of(LayerKind::FullAttention) as u64;
+    let linear = arch.layers_of(LayerKind::LinearAttention) as u64;
+    let kv_per_token =
+        full * arch.n_head_kv as u64 * (arch.key_length + arch.value_length) as u64 * 2;
+    let kv_cache_bytes = n_ctx.saturating_mul(kv_per_token).saturating_mul(contexts);
+    // gated delta-net: conv state (kernel - 1) x conv_dim and a state_size^2 matrix per value
+    // head, F32, per linear-attention layer
+    let d = arch.ssm_state_size as u64;
+    let conv_dim = 2 * d * arch.ssm_group_count as u64 + d * arch.ssm_time_step_rank as u64;
+    let per_layer = (arch.ssm_conv_kernel as u64).saturating_sub(1) * conv_dim * 4
+        + d * d * arch.ssm_time_step_rank as u64 * 4;
+    let recurrent_state_bytes = linear * per_layer * contexts;
+    let width = (arch.n_embd as u64)
+        .max(arch.ffn_length as u64 * arch.n_experts_used.max(1) as u64)
+        .max((arch.n_head as u64) * (arch.key_length as u64) * 2);
+    let activations = chunk_tokens * width * 4 * 8;
+    let scores = chunk_tokens * n_ctx * arch.n_head as u64 * 4;
+    let logits = if all_logits { chunk_tokens } else { 1 } * arch.n_vocab as u64 * 4;
+    let compute_bytes = (activations + scores + logits) * contexts;
+    MemoryEstimate {
+        weights_bytes,
+        kv_cache_bytes,
+        recurrent_state_bytes,
+        compute_bytes,
+        total_bytes: weights_bytes + kv_cache_bytes + recurrent_state_bytes + compute_bytes,
+    }
+}
+
+/// Refuses an estimate larger than the memory available.
+pub fn check(need: MemoryEstimate, available_bytes: u64) -> Result<MemoryEstimate, DoesNotFit> {
+    if need.total_bytes > available_bytes {
+        Err(DoesNotFit {
+            need,
+            available_bytes,
+        })
+    } else {
+        Ok(need)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::tests::qwen35moe_md;
+
+    #[test]
+    fn kv_and_recurrent_state_by_hand() {
+        let mut md = qwen35moe_md(4);
+        for (k, v) in [
+            ("attention.key_length", 256u64),
+            ("attention.value_length", 256),
+            ("ssm.conv_kernel", 4),
+            ("ssm.state_size", 128),
+            ("ssm.group_count", 16),
+            ("ssm.time_step_rank", 32),
+            ("expert_feed_forward_length", 512),
+        ] {
+            md.u.insert(format!("qwen35moe.{k}"), v);
+        }
+        let arch = ArchInfo::from_metadata(&md).unwrap();
+        let e = estimate(&arch, 1000, 16896, 512, 2, false);
+        // 1 full-attention layer x 2 KV heads x (256 + 256) x 2 bytes = 2048 bytes a token
+        assert_eq!(e.kv_cache_bytes, 16896 * 2048 * 2);
+        // conv_dim = 2*128*16 + 128*32 = 8192; conv 3 x 8192 x 4 = 98304; state 128*128*32*4
+        // = 2097152; 3 linear layers, 2 contexts
+        assert_eq!(e.recurrent_state_bytes, 3 * (98_304 + 2_097_152) * 2);
+        assert_eq!(
+            e.total_bytes,
+            1000 + e.kv_cache_bytes + e.recurrent_state_bytes + e.compute_bytes
+        );
+        let err = check(e, e.total_bytes - 1).unwrap_err();
+        assert!(err.to_string().contains("is available"), "{err}");
+        assert!(check(e, e.total_bytes).is_ok());
+    }
+}

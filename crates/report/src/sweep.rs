@@ -1,0 +1,257 @@
+//! Renderers of a depth sweep: the per-depth table, the fits and crossover, the CSV and an SVG
+//! chart of ms/token per band against depth with the fitted lines and the crossover marked.
+
+use std::fmt::Write as _;
+
+use opledger_core::manifest::Manifest;
+use opledger_core::profile::CheckStatus;
+use opledger_core::sweep::SweepSummary;
+use plotters::prelude::*;
+
+use crate::table::{text_table, Align};
+
+fn mark(status: CheckStatus) -> &'static str {
+    match status {
+        CheckStatus::Pass => "ok",
+        CheckStatus::Warn => "WARN",
+        CheckStatus::Fail => "FAIL",
+    }
+}
+
+/// The terminal rendering.
+pub fn sweep_text(m: &Manifest, s: &SweepSummary) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} · {} · {} {} · {} · {} threads\nchunks of {} tokens at depths 0..{} ({} depths) · {} cycles, medians\n",
+        m.model_label(),
+        m.model.arch.arch,
+        m.engine.engine,
+        m.engine.version,
+        m.engine.backend,
+        m.engine.threads,
+        s.tokens,
+        s.max_depth,
+        s.chunks,
+        s.cycles
+    );
+    let mut header: Vec<&str> = vec!["depth", "tok/s", "FUSED ms", "agreement"];
+    header.extend(s.bands.iter().map(|b| b.as_str()));
+    let mut align = vec![Align::Right; header.len()];
+    align[0] = Align::Right;
+    let rows: Vec<Vec<String>> = s
+        .depths
+        .iter()
+        .map(|d| {
+            let mut r = vec![
+                d.depth.to_string(),
+                format!("{:.1}", d.tok_per_s),
+                format!("{:.1}", d.fused_ms),
+                format!("{:+.1} %", d.agreement * 100.0),
+            ];
+            r.extend(d.ms_per_token.iter().map(|v| format!("{v:.4}")));
+            r
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "ms/token per band:\n{}\n",
+        text_table(&header, &align, &rows)
+    );
+    let fit_rows: Vec<Vec<String>> = s
+        .fits
+        .iter()
+        .map(|f| {
+            vec![
+                f.band.clone(),
+                format!("{:.4}", f.fit.a),
+                format!("{:.3e}", f.fit.b),
+                format!("{:.4}", f.fit.r2),
+                format!("{:.4}", f.mean_ms_per_token),
+                format!("{:.1} %", f.cv * 100.0),
+                format!("{:.1} %", f.change * 100.0),
+                if f.flat { "flat" } else { "grows" }.to_string(),
+            ]
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "fits, ms/token = a + b x depth:\n{}\n",
+        text_table(
+            &["band", "a", "b", "R²", "mean", "CV", "change", ""],
+            &[
+                Align::Left,
+                Align::Right,
+                Align::Right,
+                Align::Right,
+                Align::Right,
+                Align::Right,
+                Align::Right,
+                Align::Left
+            ],
+            &fit_rows
+        )
+    );
+    if let Some(x) = &s.crossover {
+        let _ = writeln!(out, "crossover: {}", x.text);
+    }
+    let _ = writeln!(
+        out,
+        "mean |agreement| {:.2} % · lowest coverage {:.2} %",
+        s.mean_abs_agreement * 100.0,
+        s.min_coverage * 100.0
+    );
+    if let Some(c) = &s.cost {
+        let _ = writeln!(
+            out,
+            "cost: {:.1} s a cycle (FUSED + TIMED pass) against {:.1} s for one plain cumulative prefill: {:.2}x",
+            c.cycle_s, c.plain_prefill_s, c.ratio
+        );
+    }
+    let checks: Vec<String> = s
+        .checks
+        .iter()
+        .map(|c| format!("{} {}", mark(c.status), c.name))
+        .collect();
+    let _ = writeln!(out, "checks: {}", checks.join(" · "));
+    for c in s.checks.iter().filter(|c| c.status != CheckStatus::Pass) {
+        let _ = writeln!(out, "  {} {}: {}", mark(c.status), c.name, c.detail);
+    }
+    out
+}
+
+/// One row per depth.
+pub fn sweep_csv(s: &SweepSummary) -> Result<String, csv::Error> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let mut header = vec![
+        "depth".to_string(),
+        "tok_per_s".into(),
+        "fused_ms".into(),
+        "fused_ms_min".into(),
+        "fused_ms_max".into(),
+        "timed_sum_ms".into(),
+        "agreement".into(),
+        "coverage".into(),
+    ];
+    header.extend(s.bands.iter().map(|b| format!("{b}_ms_per_token")));
+    w.write_record(&header)?;
+    for d in &s.depths {
+        let mut r = vec![
+            d.depth.to_string(),
+            format!("{:.4}", d.tok_per_s),
+            format!("{:.4}", d.fused_ms),
+            format!("{:.4}", d.fused_ms_min),
+            format!("{:.4}", d.fused_ms_max),
+            format!("{:.4}", d.timed_sum_ms),
+            format!("{:.6}", d.agreement),
+            format!("{:.6}", d.coverage),
+        ];
+        r.extend(d.ms_per_token.iter().map(|v| format!("{v:.6}")));
+        w.write_record(&r)?;
+    }
+    let bytes = w.into_inner().map_err(|e| e.into_error())?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Colours of the bands, fixed by name so charts of different runs match.
+pub fn band_rgb(band: &str) -> RGBColor {
+    match band {
+        "attention" => RGBColor(0xe4, 0x57, 0x2e),
+        "linear_attention" => RGBColor(0x29, 0x33, 0x5c),
+        "projections" => RGBColor(0xf3, 0xa7, 0x12),
+        "moe" | "dense_ffn" => RGBColor(0x66, 0x9b, 0xbc),
+        "other" => RGBColor(0x8a, 0xa6, 0x6f),
+        _ => RGBColor(0x99, 0x99, 0x99),
+    }
+}
+
+/// An SVG chart: ms/token per band (points and lines) against depth, the fitted lines dashed,
+/// the crossover marked.
+pub fn sweep_svg(title: &str, s: &SweepSummary) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 540)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let x_max = (s.max_depth.max(1)) as f64;
+        let y_max = s
+            .depths
+            .iter()
+            .flat_map(|d| d.ms_per_token.iter().copied())
+            .fold(0.0f64, f64::max)
+            .max(1e-6)
+            * 1.1;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc("context depth (tokens)")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_desc("ms per token")
+            .light_line_style(RGBColor(0xee, 0xee, 0xee))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (b, band) in s.bands.iter().enumerate() {
+            let colour = band_rgb(band);
+            let points: Vec<(f64, f64)> = s
+                .depths
+                .iter()
+                .map(|d| (d.depth as f64, d.ms_per_token[b]))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))
+                .map_err(|e| e.to_string())?
+                .label(band.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2))
+                });
+            chart
+                .draw_series(points.iter().map(|&p| Circle::new(p, 3, colour.filled())))
+                .map_err(|e| e.to_string())?;
+            if let Some(f) = s.fits.iter().find(|f| &f.band == band) {
+                let line: Vec<(f64, f64)> = (0..=20)
+                    .map(|i| {
+                        let x = x_max * i as f64 / 20.0;
+                        (x, (f.fit.a + f.fit.b * x).max(0.0))
+                    })
+                    .collect();
+                chart
+                    .draw_series(DashedLineSeries::new(
+                        line,
+                        6,
+                        4,
+                        colour.mix(0.6).stroke_width(1),
+                    ))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        if let Some(x) = s.crossover.as_ref().filter(|x| x.status == "within") {
+            if let Some(at) = x.depth {
+                let red = RGBColor(0xc0, 0x00, 0x00);
+                chart
+                    .draw_series(DashedLineSeries::new(
+                        vec![(at, 0.0), (at, y_max)],
+                        4,
+                        4,
+                        red.stroke_width(1),
+                    ))
+                    .map_err(|e| e.to_string())?
+                    .label(format!("crossover {at:.0}"))
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], red));
+            }
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
