@@ -30,6 +30,8 @@ fn work(chunk: u32, depth: u32) -> Work {
         depth_tokens: depth,
         all_logits: false,
         token_seed: 0,
+        decode_tokens: 0,
+        parallel: 1,
     }
 }
 

@@ -47,6 +47,8 @@ fn profile_and_check(path: &Path) -> (ArchInfo, Vec<opledger_core::node::NodeInf
             depth_tokens: 0,
             all_logits: false,
             token_seed: 1,
+            decode_tokens: 0,
+            parallel: 1,
         },
         cycles: 2,
         warmup: 0,
@@ -143,6 +145,8 @@ fn depth_state_is_restored_between_runs() {
         depth_tokens: 128,
         all_logits: true,
         token_seed: 3,
+        decode_tokens: 0,
+        parallel: 1,
     })
     .unwrap();
     let graph = e.graph().unwrap();

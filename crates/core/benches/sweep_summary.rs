@@ -120,6 +120,8 @@ fn bench(c: &mut Criterion) {
             depth_tokens: 0,
             all_logits: false,
             token_seed: 0,
+            decode_tokens: 0,
+            parallel: 1,
         },
         chunks: 80,
         cycles: 3,

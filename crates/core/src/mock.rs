@@ -23,6 +23,8 @@ pub struct MockEngine {
     pub observed_factor: f64,
     /// Per-run multiplicative noise, cycled through (1.0 = none).
     pub noise: Vec<f64>,
+    /// What [`Engine::isolation_cost_us`] reports (`None`: no calibration).
+    pub calibration_us: Option<f64>,
     runs: usize,
     prepared: Option<Work>,
 }
@@ -81,6 +83,7 @@ impl MockEngine {
             fused_factor: 1.0,
             observed_factor: 1.0,
             noise: vec![1.0],
+            calibration_us: None,
             runs: 0,
             prepared: None,
         }
@@ -116,12 +119,22 @@ impl Engine for MockEngine {
         Ok(self.graph.clone())
     }
 
+    fn isolation_cost_us(&mut self) -> Result<Option<f64>, EngineError> {
+        Ok(self.calibration_us)
+    }
+
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
         if self.prepared.is_none() {
             return Err(EngineError::Failed("run() before prepare()".into()));
         }
         let noise = self.noise();
-        let fused_us: f64 = self.cost_us.iter().sum::<f64>() * self.fused_factor;
+        // a decode run sums its steps, each step costing the same
+        let steps = self
+            .prepared
+            .as_ref()
+            .map(|w| w.decode_tokens.max(1))
+            .unwrap_or(1) as f64;
+        let fused_us: f64 = self.cost_us.iter().sum::<f64>() * self.fused_factor * steps;
         let (wall_us, node_us) = match mode {
             Mode::Fused => (fused_us, Vec::new()),
             Mode::FusedObserved => (fused_us * self.observed_factor, Vec::new()),
@@ -129,7 +142,7 @@ impl Engine for MockEngine {
                 let node_us: Vec<f64> = self
                     .cost_us
                     .iter()
-                    .map(|c| (c + self.isolation_us) * noise)
+                    .map(|c| (c + self.isolation_us) * noise * steps)
                     .collect();
                 (node_us.iter().sum(), node_us)
             }

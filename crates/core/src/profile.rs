@@ -45,6 +45,10 @@ pub struct CycleRecord {
     pub timed_wall_ms: f64,
     /// Per-node microseconds of the TIMED run, in graph order.
     pub node_us: Vec<f64>,
+    /// The engine's calibration of the isolation cost, µs per node per step, taken in this
+    /// cycle right after the TIMED run.
+    #[serde(default)]
+    pub isolation_us: Option<f64>,
 }
 
 /// Everything measured, as stored in a run folder's `raw.json`; the summary is a pure function
@@ -122,12 +126,14 @@ pub fn measure(
                 graph.len()
             )));
         }
+        let isolation_us = engine.isolation_cost_us()?;
         cycles.push(CycleRecord {
             order: order.to_vec(),
             fused_ms: fused.wall_ms,
             fused_observed_ms: observed.wall_ms,
             timed_wall_ms: timed.wall_ms,
             node_us: timed.node_us,
+            isolation_us,
         });
     }
     let mut overhead_pairs = Vec::with_capacity(cfg.overhead_pairs as usize);
@@ -178,6 +184,11 @@ pub struct BandRow {
     pub working_nodes: u32,
     /// The band's median TIMED milliseconds for the whole chunk.
     pub timed_ms: f64,
+    /// The same formula after removing the isolation cost (see
+    /// [`ProfileSummary::isolation_us`]) from every node: what matters in decode, where a node's
+    /// work is small beside its isolation.
+    pub ms_per_token_corrected: f64,
+    pub share_corrected: f64,
 }
 
 /// Nodes of one band grouped by name token, for listing what a band holds.
@@ -228,6 +239,25 @@ pub struct ProfileSummary {
     /// Median over cycles of (sum TIMED / FUSED - 1).
     pub agreement: f64,
     pub agreement_spread: Spread,
+    /// What isolating one node costs in TIMED mode (thread-pool wake-up, synchronisation,
+    /// callback), measured, not assumed, per node and per run (a decode run sums its steps):
+    /// the engine's calibration graph of trivial nodes where it has one, else the graph's own
+    /// nodes that do no work.
+    pub isolation_us: f64,
+    /// The same per decode step (equal to `isolation_us` for a prefill chunk).
+    pub isolation_us_per_step: f64,
+    /// `calibration` or `idle nodes`.
+    pub isolation_source: String,
+    /// The estimate from the graph's nodes that do no work (views, skipped nodes), per node per
+    /// run: a lower bound, since a view is not dispatched to the thread pool.
+    pub isolation_idle_us: f64,
+    /// Nodes that do no work, the idle estimate's sample.
+    pub isolation_nodes: u32,
+    /// Agreement after removing the isolation cost from every node.
+    pub agreement_corrected: f64,
+    /// Generated tokens per sequence in decode mode (0: a prefill chunk), and sequences.
+    pub decode_tokens: u32,
+    pub parallel: u32,
     /// Share of TIMED time in a band other than `unassigned`.
     pub coverage: f64,
     /// Median over interleaved pairs (one per cycle, plus any extra pairs) of
@@ -295,8 +325,54 @@ pub fn summarise(
             });
         }
     }
-    let tokens = raw.config.work.chunk_tokens;
+    let tokens = raw.config.work.tokens_per_run();
     let tok = tokens.max(1) as f64;
+
+    // the isolation cost per node per run, per cycle: the engine's calibration where it has one
+    // (times the steps a decode run sums), else the nodes of the graph that do no work
+    let steps = raw.config.work.decode_tokens.max(1) as f64;
+    let idle: Vec<usize> = (0..n).filter(|&i| !raw.graph[i].is_working()).collect();
+    let calibrated = raw.cycles.iter().all(|c| c.isolation_us.is_some());
+    let mut isolation = Vec::with_capacity(raw.cycles.len());
+    let mut isolation_idle = Vec::with_capacity(raw.cycles.len());
+    let mut corrected: Vec<Vec<f64>> = Vec::with_capacity(raw.cycles.len());
+    for c in &raw.cycles {
+        let idle_us: Vec<f64> = idle.iter().map(|&i| c.node_us[i]).collect();
+        let idle_iso = crate::stats::median(&idle_us).unwrap_or(0.0);
+        isolation_idle.push(idle_iso);
+        let iso = match c.isolation_us {
+            Some(per_step) if calibrated => per_step * steps,
+            _ => idle_iso,
+        };
+        isolation.push(iso);
+        corrected.push(
+            (0..n)
+                .map(|i| {
+                    if raw.graph[i].is_working() {
+                        (c.node_us[i] - iso).max(0.0)
+                    } else {
+                        0.0
+                    }
+                })
+                .collect(),
+        );
+    }
+    let isolation = sample(&isolation, "isolation cost")?;
+    let isolation_idle = sample(&isolation_idle, "isolation cost")?;
+    let corrected_med: Vec<f64> = (0..n)
+        .map(|i| {
+            let col: Vec<f64> = corrected.iter().map(|c| c[i]).collect();
+            crate::stats::median(&col).unwrap_or(0.0)
+        })
+        .collect();
+    let agreement_corrected = sample(
+        &raw.cycles
+            .iter()
+            .zip(&corrected)
+            .map(|(c, k)| k.iter().sum::<f64>() / 1e3 / c.fused_ms - 1.0)
+            .collect::<Vec<_>>(),
+        "corrected agreement",
+    )?;
 
     // per-node medians over cycles
     let mut node_med = Vec::with_capacity(n);
@@ -388,8 +464,11 @@ pub fn summarise(
         let working = (0..n)
             .filter(|&i| member(i) && raw.graph[i].is_working())
             .count() as u32;
+        let share_corrected = share_of(&member, &corrected_med);
         bands.push(BandRow {
             band: band.clone(),
+            ms_per_token_corrected: share_corrected * fused.median() / tok,
+            share_corrected,
             ms_per_token: share * fused.median() / tok,
             ms_per_token_min: per_cycle.min(),
             ms_per_token_max: per_cycle.max(),
@@ -538,6 +617,19 @@ pub fn summarise(
         timed_wall_ms: timed_wall.median(),
         agreement: agreement.median(),
         agreement_spread: agreement.spread(),
+        isolation_us: isolation.median(),
+        isolation_us_per_step: isolation.median() / steps,
+        isolation_source: if calibrated {
+            "calibration"
+        } else {
+            "idle nodes"
+        }
+        .into(),
+        isolation_idle_us: isolation_idle.median(),
+        isolation_nodes: idle.len() as u32,
+        agreement_corrected: agreement_corrected.median(),
+        decode_tokens: raw.config.work.decode_tokens,
+        parallel: raw.config.work.parallel,
         coverage,
         overhead: overhead.median(),
         overhead_spread: overhead.spread(),
@@ -627,6 +719,8 @@ mod tests {
                 depth_tokens: 0,
                 all_logits: false,
                 token_seed: 0,
+                decode_tokens: 0,
+                parallel: 1,
             },
             cycles,
             warmup: 1,
@@ -691,6 +785,56 @@ mod tests {
             s.band("linear_attention").unwrap().share,
             320.0 / 1060.0
         ));
+    }
+
+    #[test]
+    fn isolation_cost_is_measured_on_idle_nodes_and_removed() {
+        // decode: 4 steps of 2 sequences = 8 tokens a run; every node pays 30 µs of isolation,
+        // the view (no work) pays only that
+        let mut e = MockEngine::new(&NODES);
+        e.isolation_us = 30.0;
+        let mut c = cfg(3);
+        c.work.decode_tokens = 4;
+        c.work.parallel = 2;
+        let raw = measure(&mut e, &c, &mut |_, _, _| {}).unwrap();
+        let rules = BandRules::builtin("qwen35moe").unwrap();
+        let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+        let s = analyse(&raw, &rules, &arch).unwrap().1;
+        assert_eq!(s.tokens, 8);
+        assert_eq!(s.isolation_nodes, 1);
+        assert_eq!(s.isolation_source, "idle nodes");
+        // a run sums 4 steps: 4 x 30 µs a node
+        assert!(close(s.isolation_us, 120.0));
+        assert!(close(s.isolation_us_per_step, 30.0));
+        // raw: 1000 µs of work + 6 x 30 of isolation against a FUSED wall of 1000 µs
+        assert!(close(s.agreement, 0.18));
+        assert!(close(s.agreement_corrected, 0.0));
+        let moe = s.band("moe").unwrap();
+        assert!(close(moe.share_corrected, 0.5));
+        // FUSED is 4 steps x 1 ms for 8 tokens
+        assert!(close(moe.ms_per_token_corrected, 0.5 * 4.0 / 8.0));
+        assert!(close(moe.share, 530.0 / 1180.0));
+    }
+
+    #[test]
+    fn an_engine_calibration_wins_over_idle_nodes() {
+        // the engine calibrates 40 µs a node a step; idle nodes say 30 (a lower bound)
+        let mut e = MockEngine::new(&NODES);
+        e.isolation_us = 40.0;
+        e.calibration_us = Some(40.0);
+        let mut c = cfg(3);
+        c.work.decode_tokens = 2;
+        let raw = measure(&mut e, &c, &mut |_, _, _| {}).unwrap();
+        let rules = BandRules::builtin("qwen35moe").unwrap();
+        let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+        let s = analyse(&raw, &rules, &arch).unwrap().1;
+        assert_eq!(s.isolation_source, "calibration");
+        // per run = 2 steps x 40 µs, removed exactly
+        assert!(close(s.isolation_us, 80.0));
+        assert!(close(s.isolation_us_per_step, 40.0));
+        assert!(close(s.isolation_idle_us, 80.0));
+        assert!(close(s.agreement_corrected, 0.0));
+        assert!(close(s.agreement, 6.0 * 40.0 / 1000.0));
     }
 
     #[test]

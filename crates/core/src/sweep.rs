@@ -912,6 +912,8 @@ mod tests {
                 depth_tokens: 0,
                 all_logits: false,
                 token_seed: 0,
+                decode_tokens: 0,
+                parallel: 1,
             },
             chunks,
             cycles,

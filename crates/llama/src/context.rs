@@ -43,6 +43,10 @@ impl ThreadPool {
     pub fn threads(&self) -> u32 {
         self.threads
     }
+
+    pub(crate) fn as_ptr(&self) -> *mut sys::ggml_threadpool {
+        self.ptr.as_ptr()
+    }
 }
 
 impl Drop for ThreadPool {
@@ -71,6 +75,11 @@ pub struct ContextParams {
     /// Install the eval-callback instrument. Without it the scheduler computes each split in one
     /// call (the true native path); with it, the instrument decides per node.
     pub instrumented: bool,
+    /// Sequences the context holds (parallel decode), at least 1.
+    pub n_seq_max: u32,
+    /// One KV buffer shared by all sequences (a shared prefix is stored once), as
+    /// llama-batched-bench's `-kvu`.
+    pub kv_unified: bool,
 }
 
 /// A llama.cpp context over a model, with its own KV cache and recurrent state.
@@ -107,7 +116,8 @@ impl Context {
         p.n_ctx = params.n_ctx;
         p.n_batch = params.n_batch;
         p.n_ubatch = params.n_ubatch;
-        p.n_seq_max = 1;
+        p.n_seq_max = params.n_seq_max.max(1);
+        p.kv_unified = params.kv_unified;
         p.n_threads = pool.threads() as i32;
         p.n_threads_batch = pool.threads() as i32;
         p.no_perf = true;
@@ -226,7 +236,37 @@ impl Context {
         pos0: i32,
         wants_logits: impl Fn(usize) -> bool,
     ) -> Result<(), LlamaError> {
-        let batch = Batch::new(tokens, pos0, wants_logits)?;
+        let entries: Vec<BatchEntry> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| BatchEntry {
+                token,
+                pos: pos0 + i as i32,
+                seq: 0,
+                logits: wants_logits(i),
+            })
+            .collect();
+        self.decode_entries(&entries)
+    }
+
+    /// Decodes one step of parallel decode: token `tokens[s]` of sequence `s` at position `pos`,
+    /// logits requested for every sequence.
+    pub fn decode_step(&mut self, tokens: &[i32], pos: u32) -> Result<(), LlamaError> {
+        let entries: Vec<BatchEntry> = tokens
+            .iter()
+            .enumerate()
+            .map(|(s, &token)| BatchEntry {
+                token,
+                pos: pos as i32,
+                seq: s as i32,
+                logits: true,
+            })
+            .collect();
+        self.decode_entries(&entries)
+    }
+
+    fn decode_entries(&mut self, entries: &[BatchEntry]) -> Result<(), LlamaError> {
+        let batch = Batch::new(entries)?;
         // SAFETY: ptr is a valid context; batch's arrays hold batch.raw.n_tokens entries and
         // stay alive until after the call; llama_decode does not keep them.
         let code = unsafe { sys::llama_decode(self.ptr.as_ptr(), batch.raw) };
@@ -260,6 +300,47 @@ impl Context {
             }
             Ok(std::slice::from_raw_parts(p, n_vocab).to_vec())
         }
+    }
+
+    /// Copies sequence `src`'s cells (KV cache and recurrent state) to sequence `dst`.
+    pub fn copy_sequence(&mut self, src: i32, dst: i32) {
+        // SAFETY: ptr is a valid context; the memory handle belongs to it; -1, -1 means every
+        // position.
+        unsafe {
+            sys::llama_memory_seq_cp(sys::llama_get_memory(self.ptr.as_ptr()), src, dst, -1, -1)
+        }
+    }
+
+    /// The whole context state (every sequence) as bytes.
+    pub fn save_full_state(&mut self) -> Result<Vec<u8>, LlamaError> {
+        // SAFETY: ptr is a valid context; the buffer has exactly the size llama.cpp asked for.
+        unsafe {
+            let size = sys::llama_state_get_size(self.ptr.as_ptr());
+            let mut buf = vec![0u8; size];
+            let written = sys::llama_state_get_data(self.ptr.as_ptr(), buf.as_mut_ptr(), size);
+            if written != size {
+                return Err(LlamaError::State(format!(
+                    "wrote {written} of {size} bytes of state"
+                )));
+            }
+            Ok(buf)
+        }
+    }
+
+    /// Replaces the whole context state by one saved with [`Context::save_full_state`] from a
+    /// context of the same model and parameters.
+    pub fn restore_full_state(&mut self, state: &[u8]) -> Result<(), LlamaError> {
+        self.clear_memory();
+        if state.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: ptr is a valid context; state is a readable slice of state.len() bytes.
+        let read =
+            unsafe { sys::llama_state_set_data(self.ptr.as_ptr(), state.as_ptr(), state.len()) };
+        if read == 0 {
+            return Err(LlamaError::State(log_tail(2)));
+        }
+        Ok(())
     }
 
     /// The state of sequence 0 (KV cache and recurrent state) as bytes.
@@ -325,8 +406,16 @@ unsafe extern "C" fn abort_trampoline(data: *mut c_void) -> bool {
     unsafe { &*(data as *const AtomicBool) }.load(Ordering::Relaxed)
 }
 
-/// A token batch for one sequence, owning its arrays (no llama_batch_init/free pair to keep
-/// balanced).
+/// One token of a batch.
+#[derive(Debug, Clone, Copy)]
+struct BatchEntry {
+    token: i32,
+    pos: i32,
+    seq: i32,
+    logits: bool,
+}
+
+/// A token batch owning its arrays (no llama_batch_init/free pair to keep balanced).
 struct Batch {
     raw: sys::llama_batch,
     _tokens: Vec<i32>,
@@ -338,21 +427,17 @@ struct Batch {
 }
 
 impl Batch {
-    fn new(
-        tokens: &[i32],
-        pos0: i32,
-        wants_logits: impl Fn(usize) -> bool,
-    ) -> Result<Batch, LlamaError> {
-        if tokens.is_empty() {
+    fn new(entries: &[BatchEntry]) -> Result<Batch, LlamaError> {
+        if entries.is_empty() {
             return Err(LlamaError::Invalid("an empty batch".into()));
         }
-        let n = tokens.len();
-        let mut tokens = tokens.to_vec();
-        let mut pos: Vec<i32> = (0..n as i32).map(|i| pos0 + i).collect();
+        let n = entries.len();
+        let mut tokens: Vec<i32> = entries.iter().map(|e| e.token).collect();
+        let mut pos: Vec<i32> = entries.iter().map(|e| e.pos).collect();
         let mut n_seq = vec![1i32; n];
-        let mut seq_ids = vec![0i32; n];
+        let mut seq_ids: Vec<i32> = entries.iter().map(|e| e.seq).collect();
         let mut seq_ptrs: Vec<*mut i32> = seq_ids.iter_mut().map(|s| s as *mut i32).collect();
-        let mut logits: Vec<i8> = (0..n).map(|i| wants_logits(i) as i8).collect();
+        let mut logits: Vec<i8> = entries.iter().map(|e| e.logits as i8).collect();
         let raw = sys::llama_batch {
             n_tokens: n as i32,
             token: tokens.as_mut_ptr(),

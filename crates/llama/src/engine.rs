@@ -108,6 +108,7 @@ impl LlamaEngine {
         &self,
         n_tokens: u64,
         chunk_tokens: u32,
+        n_seq: u32,
         instrumented: bool,
     ) -> Result<ContextParams, LlamaError> {
         // llama.cpp pads the context to 256 cells.
@@ -120,19 +121,26 @@ impl LlamaEngine {
             n_ubatch: chunk_tokens,
             flash_attn: self.cfg.flash_attn,
             instrumented,
+            n_seq_max: n_seq.max(1),
+            kv_unified: n_seq > 1,
         })
     }
 
-    /// Replaces both contexts by new ones holding `n_tokens`.
-    fn create_contexts(&mut self, n_tokens: u64, chunk_tokens: u32) -> Result<(), LlamaError> {
+    /// Replaces both contexts by new ones holding `n_tokens` over `n_seq` sequences.
+    fn create_contexts(
+        &mut self,
+        n_tokens: u64,
+        chunk_tokens: u32,
+        n_seq: u32,
+    ) -> Result<(), LlamaError> {
         if chunk_tokens == 0 {
             return Err(LlamaError::Invalid("the chunk has no tokens".into()));
         }
         // Free the old contexts before creating new ones.
         self.plain = None;
         self.observed = None;
-        let plain_params = self.context_params(n_tokens, chunk_tokens, false)?;
-        let observed_params = self.context_params(n_tokens, chunk_tokens, true)?;
+        let plain_params = self.context_params(n_tokens, chunk_tokens, n_seq, false)?;
+        let observed_params = self.context_params(n_tokens, chunk_tokens, n_seq, true)?;
         self.plain = Some(Context::new(
             self.model.clone(),
             self.pool.clone(),
@@ -265,6 +273,80 @@ impl LlamaEngine {
         result
     }
 
+    /// Decode mode: contexts for `parallel` sequences sharing the filled prefix (a unified KV
+    /// cache), sequence 0 filled to the depth and copied to the others, the whole state saved.
+    fn prepare_decode(&mut self, work: &Work) -> Result<(), EngineError> {
+        let n_seq = work.parallel.max(1);
+        let fill_batch = work.chunk_tokens.max(n_seq).max(1);
+        let needed = work.depth_tokens as u64 + n_seq as u64 * work.decode_tokens as u64 + 1;
+        self.create_contexts(needed, fill_batch, n_seq)?;
+        let vocab = self.model.n_vocab();
+        let plain = self.context(Mode::Fused)?;
+        plain.clear_memory();
+        let state = if work.depth_tokens > 0 {
+            let fill = filler_tokens(work.token_seed, 0, work.depth_tokens, vocab);
+            plain.decode(&fill, 0, false)?;
+            for s in 1..n_seq as i32 {
+                plain.copy_sequence(0, s);
+            }
+            plain.save_full_state()?
+        } else {
+            Vec::new()
+        };
+        self.state = state;
+        self.chunk = Vec::new();
+        self.work = Some(work.clone());
+        Ok(())
+    }
+
+    /// Decode mode: restores the filled state, then `decode_tokens` steps of one token per
+    /// sequence; node times are summed over the steps.
+    fn run_decode(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("no work".into()))?;
+        let vocab = self.model.n_vocab();
+        let state = std::mem::take(&mut self.state);
+        let restored = self
+            .context(mode)
+            .and_then(|ctx| ctx.restore_full_state(&state).map_err(EngineError::from));
+        self.state = state;
+        restored?;
+        let mut total = ChunkTiming {
+            wall_ms: 0.0,
+            node_us: Vec::new(),
+            nodes_seen: 0,
+            output_hash: 0,
+        };
+        for step in 0..work.decode_tokens {
+            let tokens = decode_step_tokens(&work, step, vocab);
+            let ctx = self.context(mode)?;
+            if mode != Mode::Fused {
+                ctx.set_observe_mode(observe_mode(mode))?;
+            }
+            let t0 = Instant::now();
+            ctx.decode_step(&tokens, work.depth_tokens + step)?;
+            let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let mut hash = 0u64;
+            for s in 0..tokens.len() as i32 {
+                hash = hash.rotate_left(7) ^ hash_f32(&ctx.logits(s)?);
+            }
+            let t = self.timing(mode, wall_ms, hash)?;
+            total.wall_ms += t.wall_ms;
+            total.output_hash = total.output_hash.rotate_left(3) ^ t.output_hash;
+            total.nodes_seen = t.nodes_seen;
+            if total.node_us.is_empty() {
+                total.node_us = t.node_us;
+            } else {
+                for (acc, v) in total.node_us.iter_mut().zip(&t.node_us) {
+                    *acc += v;
+                }
+            }
+        }
+        Ok(total)
+    }
+
     /// The tokens of sweep chunk `index` and its first position.
     fn sweep_tokens(&self, work: &Work, index: u32) -> Result<(Vec<i32>, u32), EngineError> {
         let pos0 = index
@@ -302,6 +384,8 @@ impl LlamaEngine {
                 n_ubatch: work.chunk_tokens,
                 flash_attn: self.cfg.flash_attn,
                 instrumented: true,
+                n_seq_max: 1,
+                kv_unified: false,
             },
         )?;
         let vocab = self.model.n_vocab();
@@ -370,8 +454,11 @@ impl Engine for LlamaEngine {
     }
 
     fn prepare(&mut self, work: &Work) -> Result<(), EngineError> {
+        if work.is_decode() {
+            return self.prepare_decode(work);
+        }
         let needed = work.depth_tokens as u64 + work.chunk_tokens as u64;
-        self.create_contexts(needed, work.chunk_tokens)?;
+        self.create_contexts(needed, work.chunk_tokens, 1)?;
         let vocab = self.model.n_vocab();
         let plain = self.context(Mode::Fused)?;
         plain.clear_memory();
@@ -389,18 +476,24 @@ impl Engine for LlamaEngine {
     }
 
     fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
-        // Capture mode is set after the restore: decode_timed would set Count.
         let work = self
             .work
             .clone()
             .ok_or_else(|| EngineError::Failed("graph() before prepare()".into()))?;
         let chunk = std::mem::take(&mut self.chunk);
         let state = std::mem::take(&mut self.state);
+        let step_tokens = decode_step_tokens(&work, 0, self.model.n_vocab());
         let result = (|| {
             let ctx = self.context(Mode::FusedObserved)?;
-            ctx.restore_state(&state)?;
-            ctx.set_observe_mode(ObserveMode::Capture)?;
-            ctx.decode(&chunk, work.depth_tokens, work.all_logits)?;
+            if work.is_decode() {
+                ctx.restore_full_state(&state)?;
+                ctx.set_observe_mode(ObserveMode::Capture)?;
+                ctx.decode_step(&step_tokens, work.depth_tokens)?;
+            } else {
+                ctx.restore_state(&state)?;
+                ctx.set_observe_mode(ObserveMode::Capture)?;
+                ctx.decode(&chunk, work.depth_tokens, work.all_logits)?;
+            }
             let obs = ctx.observer_mut()?;
             Ok::<_, EngineError>((
                 std::mem::take(&mut obs.captured),
@@ -415,8 +508,16 @@ impl Engine for LlamaEngine {
     }
 
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
+        if self.work.as_ref().is_some_and(|w| w.is_decode()) {
+            return self.run_decode(mode);
+        }
         let (wall_ms, hash) = self.run_chunk(mode)?;
         self.timing(mode, wall_ms, hash)
+    }
+
+    fn isolation_cost_us(&mut self) -> Result<Option<f64>, EngineError> {
+        let c = crate::calibrate::isolation_cost(&self.pool, 64, 3)?;
+        Ok(Some(c.per_node_us))
     }
 
     fn prepare_sweep(&mut self, work: &Work, chunks: u32) -> Result<(), EngineError> {
@@ -424,7 +525,7 @@ impl Engine for LlamaEngine {
             return Err(EngineError::Failed("a sweep of no chunks".into()));
         }
         let needed = chunks as u64 * work.chunk_tokens as u64;
-        self.create_contexts(needed, work.chunk_tokens)?;
+        self.create_contexts(needed, work.chunk_tokens, 1)?;
         let first = Work {
             depth_tokens: 0,
             ..work.clone()
@@ -490,6 +591,20 @@ impl Engine for LlamaEngine {
         }
         self.timing(mode, wall_ms, hash)
     }
+}
+
+/// The tokens of decode step `step`: one per sequence, each sequence its own stream.
+fn decode_step_tokens(work: &Work, step: u32, vocab: u32) -> Vec<i32> {
+    (0..work.parallel.max(1))
+        .map(|s| {
+            filler_tokens(
+                work.token_seed ^ (s as u64 + 1).wrapping_mul(0x9E37_79B9),
+                work.depth_tokens + step,
+                1,
+                vocab,
+            )[0]
+        })
+        .collect()
 }
 
 /// What the instrument does in each mode (the plain context has none).

@@ -3,6 +3,7 @@
 //! llama.cpp engine adapter. Every `unsafe` block carries a `// SAFETY:` note.
 
 pub mod backend;
+pub mod calibrate;
 pub mod context;
 pub mod engine;
 pub mod error;

@@ -7,16 +7,18 @@ use opledger_core::profile::{CheckStatus, ProfileSummary};
 
 use crate::table::{markdown_table, text_table, Align};
 
-const BAND_HEADER: [&str; 6] = [
+const BAND_HEADER: [&str; 7] = [
     "band",
     "ms/token",
     "range (cycles)",
     "share",
+    "corrected",
     "nodes",
     "working",
 ];
-const BAND_ALIGN: [Align; 6] = [
+const BAND_ALIGN: [Align; 7] = [
     Align::Left,
+    Align::Right,
     Align::Right,
     Align::Right,
     Align::Right,
@@ -34,6 +36,7 @@ fn band_rows(s: &ProfileSummary) -> Vec<Vec<String>> {
                 format!("{:.4}", b.ms_per_token),
                 format!("{:.4}–{:.4}", b.ms_per_token_min, b.ms_per_token_max),
                 format!("{:.1} %", b.share * 100.0),
+                format!("{:.4}", b.ms_per_token_corrected),
                 b.nodes.to_string(),
                 b.working_nodes.to_string(),
             ]
@@ -71,10 +74,17 @@ fn heading(m: &Manifest, s: &ProfileSummary) -> (String, String) {
         m.engine.backend,
         m.engine.threads
     );
-    let work = format!(
-        "chunk of {} tokens at depth {}, logits: {} · {} cycles, medians",
-        s.tokens, s.depth_tokens, s.logits, s.cycles
-    );
+    let work = if s.decode_tokens > 0 {
+        format!(
+            "decode of {} tokens by {} sequence(s) ({} tokens a run) at depth {} · {} cycles, medians",
+            s.decode_tokens, s.parallel, s.tokens, s.depth_tokens, s.cycles
+        )
+    } else {
+        format!(
+            "chunk of {} tokens at depth {}, logits: {} · {} cycles, medians",
+            s.tokens, s.depth_tokens, s.logits, s.cycles
+        )
+    };
     (title, work)
 }
 
@@ -84,7 +94,7 @@ fn figures(s: &ProfileSummary) -> Vec<String> {
     let o = &s.overhead_spread;
     vec![
         format!(
-            "FUSED wall {:.2} ms [{:.2}–{:.2}] for {} tokens: {:.1} tok/s",
+            "FUSED wall {:.3} ms [{:.3}–{:.3}] for {} tokens: {:.1} tok/s",
             s.fused_ms, f.min, f.max, s.tokens, s.tok_per_s
         ),
         format!(
@@ -94,6 +104,14 @@ fn figures(s: &ProfileSummary) -> Vec<String> {
             s.agreement * 100.0,
             a.min * 100.0,
             a.max * 100.0
+        ),
+        format!(
+            "isolation cost {:.1} µs a node a step (from the {}; {} idle nodes say {:.1}); agreement after removing it {:+.2} %",
+            s.isolation_us_per_step,
+            s.isolation_source,
+            s.isolation_nodes,
+            s.isolation_idle_us / (s.decode_tokens.max(1) as f64),
+            s.agreement_corrected * 100.0
         ),
         format!(
             "from the fastest run of each mode: agreement {:+.2} %, overhead {:.4}",
@@ -204,6 +222,7 @@ pub fn bands_csv(s: &ProfileSummary) -> Result<String, csv::Error> {
     w.write_record([
         "band",
         "ms_per_token",
+        "ms_per_token_corrected",
         "ms_per_token_min",
         "ms_per_token_max",
         "share",
@@ -218,6 +237,7 @@ pub fn bands_csv(s: &ProfileSummary) -> Result<String, csv::Error> {
         w.write_record([
             b.band.clone(),
             format!("{:.6}", b.ms_per_token),
+            format!("{:.6}", b.ms_per_token_corrected),
             format!("{:.6}", b.ms_per_token_min),
             format!("{:.6}", b.ms_per_token_max),
             format!("{:.6}", b.share),
@@ -228,6 +248,78 @@ pub fn bands_csv(s: &ProfileSummary) -> Result<String, csv::Error> {
             s.depth_tokens.to_string(),
             format!("{:.6}", s.fused_ms),
         ])?;
+    }
+    let bytes = w.into_inner().map_err(|e| e.into_error())?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Parallel decode side by side: one row per sequence count, ms per generated token per band
+/// (isolation cost removed), so the step where a band's cost changes shows in one table.
+pub fn parallel_text(runs: &[&ProfileSummary]) -> String {
+    let Some(first) = runs.first() else {
+        return String::new();
+    };
+    let bands: Vec<&str> = first.bands.iter().map(|b| b.band.as_str()).collect();
+    let mut header = vec!["P", "tok/s", "ms/token"];
+    header.extend(bands.iter().copied());
+    header.push("agreement (raw → corrected)");
+    let mut align = vec![Align::Right; header.len()];
+    align[header.len() - 1] = Align::Left;
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|s| {
+            let mut r = vec![
+                s.parallel.to_string(),
+                format!("{:.1}", s.tok_per_s),
+                format!("{:.4}", s.fused_ms / s.tokens.max(1) as f64),
+            ];
+            for band in &bands {
+                r.push(
+                    s.band(band)
+                        .map(|b| format!("{:.4}", b.ms_per_token_corrected))
+                        .unwrap_or_default(),
+                );
+            }
+            r.push(format!(
+                "{:+.1} % → {:+.1} %",
+                s.agreement * 100.0,
+                s.agreement_corrected * 100.0
+            ));
+            r
+        })
+        .collect();
+    format!(
+        "parallel decode: ms per generated token by band (isolation cost removed), depth {}, {} tokens a sequence\n{}\n",
+        first.depth_tokens,
+        first.decode_tokens,
+        text_table(&header, &align, &rows)
+    )
+}
+
+/// The parallel table as CSV: one row per (P, band).
+pub fn parallel_csv(runs: &[&ProfileSummary]) -> Result<String, csv::Error> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record([
+        "parallel",
+        "band",
+        "ms_per_token",
+        "ms_per_token_corrected",
+        "tok_per_s",
+        "agreement",
+        "agreement_corrected",
+    ])?;
+    for s in runs {
+        for b in &s.bands {
+            w.write_record([
+                s.parallel.to_string(),
+                b.band.clone(),
+                format!("{:.6}", b.ms_per_token),
+                format!("{:.6}", b.ms_per_token_corrected),
+                format!("{:.3}", s.tok_per_s),
+                format!("{:.6}", s.agreement),
+                format!("{:.6}", s.agreement_corrected),
+            ])?;
+        }
     }
     let bytes = w.into_inner().map_err(|e| e.into_error())?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())

@@ -75,6 +75,8 @@ pub fn run(args: GraphArgs) -> Result<ExitCode> {
         depth_tokens: args.depth,
         all_logits: args.all_logits,
         token_seed: 0,
+        decode_tokens: 0,
+        parallel: 1,
     };
     #[cfg(feature = "llama")]
     {

@@ -32,6 +32,14 @@ pub struct ProfileArgs {
     /// Unmeasured warm-up cycles.
     #[arg(long, default_value_t = 1)]
     pub warmup: u32,
+    /// Decode instead of prefill: generate this many tokens per sequence, one step at a time,
+    /// after filling the context to the depth; bands are reported per generated token.
+    #[arg(short = 'n', long = "decode", default_value_t = 0)]
+    pub decode: u32,
+    /// Sequences decoded together (parallel decode); several values (`1,2,4,8`) profile each in
+    /// one command and tabulate them side by side.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub parallel: Vec<u32>,
     /// Extra interleaved FUSED / FUSED-with-instrument pairs for the overhead estimate.
     #[arg(long, default_value_t = 0)]
     pub overhead_pairs: u32,
@@ -95,11 +103,21 @@ pub fn manifest(
 }
 
 /// Writes a profile's files into `folder`: raw data first, then everything derived from it.
-pub fn write_profile(folder: &RunFolder, m: &Manifest, raw: &ProfileRaw) -> Result<ProfileSummary> {
-    folder.write_json("manifest.json", m)?;
-    folder.write_json("raw.json", raw)?;
+/// Writes a profile's files into `folder` (under `prefix`, e.g. `p4/`): raw data first, then
+/// everything derived from it.
+pub fn write_profile(
+    folder: &RunFolder,
+    prefix: &str,
+    m: &Manifest,
+    raw: &ProfileRaw,
+) -> Result<ProfileSummary> {
+    folder.write_json(&format!("{prefix}manifest.json"), m)?;
+    folder.write_json(&format!("{prefix}raw.json"), raw)?;
     let summary = render_profile(m, raw, |name, bytes| {
-        folder.write(name, bytes).map(|_| ()).map_err(Into::into)
+        folder
+            .write(&format!("{prefix}{name}"), bytes)
+            .map(|_| ())
+            .map_err(Into::into)
     })?;
     Ok(summary)
 }
@@ -138,6 +156,12 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
     if args.chunk == 0 || args.cycles == 0 {
         bail!("--chunk and --cycles must be at least 1");
     }
+    if args.parallel.is_empty() || args.parallel.contains(&0) {
+        bail!("--parallel takes sequence counts of at least 1");
+    }
+    if args.decode == 0 && args.parallel != [1] {
+        bail!("--parallel applies to decode (-n N)");
+    }
     let model_path = args.model.path()?;
     let file = ModelFile::open(&model_path)?;
     let rules = load_rules(args.bands.as_deref(), &file.arch.arch)?;
@@ -155,6 +179,8 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
             depth_tokens: args.depth,
             all_logits: args.all_logits,
             token_seed: args.token_seed,
+            decode_tokens: args.decode,
+            parallel: args.parallel[0],
         },
         cycles: args.cycles,
         warmup: args.warmup,
@@ -169,23 +195,66 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
         model_args.model = Some(model_path.clone());
         let mut engine = super::common::load_llama(&model_args, false)?;
         let bar = steps_bar(args.quiet || args.json);
-        let raw = profile::measure(&mut engine, &cfg, &mut |phase, done, total| {
-            bar.set_message(phase.to_string());
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-        })
-        .context("measuring")?;
+        let several = args.parallel.len() > 1;
+        let mut results = Vec::new();
+        for &p in &args.parallel {
+            let mut cfg = cfg.clone();
+            cfg.work.parallel = p;
+            let raw = profile::measure(&mut engine, &cfg, &mut |phase, done, total| {
+                bar.set_message(if several {
+                    format!("P={p} {phase}")
+                } else {
+                    phase.to_string()
+                });
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            })
+            .with_context(|| format!("measuring (parallel {p})"))?;
+            let m = manifest("profile", &file, &model_path, engine.info(), &rules)?;
+            let prefix = if several {
+                format!("p{p}/")
+            } else {
+                String::new()
+            };
+            let summary = write_profile(&folder, &prefix, &m, &raw)?;
+            results.push((m, summary));
+        }
         bar.finish_and_clear();
-        let m = manifest("profile", &file, &model_path, engine.info(), &rules)?;
-        let summary = write_profile(&folder, &m, &raw)?;
+        if several {
+            let summaries: Vec<&ProfileSummary> = results.iter().map(|(_, s)| s).collect();
+            let table = opledger_report::profile::parallel_text(&summaries);
+            folder.write("parallel.txt", table.as_bytes())?;
+            folder.write(
+                "parallel.csv",
+                opledger_report::profile::parallel_csv(&summaries)?.as_bytes(),
+            )?;
+            folder.write_json("parallel.json", &summaries)?;
+        }
         let path = folder.finish()?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&summary)?);
+            let summaries: Vec<&ProfileSummary> = results.iter().map(|(_, s)| s).collect();
+            if several {
+                println!("{}", serde_json::to_string_pretty(&summaries)?);
+            } else {
+                println!("{}", serde_json::to_string_pretty(summaries[0])?);
+            }
         } else if !args.quiet {
-            print!("{}", opledger_report::profile_text(&m, &summary));
+            for (m, summary) in &results {
+                print!("{}", opledger_report::profile_text(m, summary));
+                println!();
+            }
+            if several {
+                let summaries: Vec<&ProfileSummary> = results.iter().map(|(_, s)| s).collect();
+                print!("{}", opledger_report::profile::parallel_text(&summaries));
+            }
             println!("run folder: {}", path.display());
         }
-        Ok(exit_code(&summary))
+        let worst = results
+            .iter()
+            .map(|(_, s)| exit_code(s))
+            .find(|c| *c != ExitCode::SUCCESS)
+            .unwrap_or(ExitCode::SUCCESS);
+        Ok(worst)
     }
     #[cfg(not(feature = "llama"))]
     {

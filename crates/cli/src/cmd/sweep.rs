@@ -162,6 +162,8 @@ fn start(args: &SweepArgs) -> Result<(RunFolder, Manifest, SweepConfig, PathBuf)
             depth_tokens: 0,
             all_logits: args.all_logits,
             token_seed: args.token_seed,
+            decode_tokens: 0,
+            parallel: 1,
         },
         chunks: SweepConfig::chunks_for(max_depth, args.chunk),
         cycles: args.cycles,
