@@ -53,6 +53,7 @@ fn profile_and_check(path: &Path) -> (ArchInfo, Vec<opledger_core::node::NodeInf
         cycles: 2,
         warmup: 0,
         overhead_pairs: 0,
+        gate: Default::default(),
     };
     let raw = measure(&mut e, &cfg, &mut |_, _, _| {}).unwrap();
     let (assignments, summary) = analyse(&raw, &rules, &arch).unwrap();

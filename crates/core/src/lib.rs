@@ -11,6 +11,7 @@ pub mod manifest;
 pub mod memory;
 pub mod mock;
 pub mod node;
+pub mod noise;
 pub mod profile;
 pub mod run_folder;
 pub mod stats;

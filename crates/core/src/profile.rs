@@ -32,6 +32,9 @@ pub struct ProfileConfig {
     /// tighter overhead estimate on a noisy machine.
     #[serde(default)]
     pub overhead_pairs: u32,
+    /// The noise gate around every run.
+    #[serde(default)]
+    pub gate: crate::noise::GateConfig,
 }
 
 /// One measured cycle.
@@ -64,6 +67,9 @@ pub struct ProfileRaw {
     /// The extra overhead pairs: (FUSED ms, FUSED-with-instrument ms).
     #[serde(default)]
     pub overhead_pairs: Vec<(f64, f64)>,
+    /// What the noise gate rejected and kept.
+    #[serde(default)]
+    pub gate: crate::noise::GateStats,
 }
 
 /// The orders cycles rotate through: FUSED and FUSED-observed stay adjacent (their ratio is the
@@ -102,13 +108,14 @@ pub fn measure(
             engine.run(mode)?;
         }
     }
+    let mut gate = crate::noise::GateStats::default();
     let mut cycles = Vec::with_capacity(cfg.cycles as usize);
     for c in 0..cfg.cycles {
         progress("measuring", c, cfg.cycles);
         let order = ORDERS[c as usize % ORDERS.len()];
         let (mut fused, mut observed, mut timed) = (None, None, None);
         for mode in order {
-            let r = engine.run(mode)?;
+            let r = crate::noise::gated(&cfg.gate, &mut gate, || engine.run(mode))?;
             note(mode, r.output_hash);
             match mode {
                 Mode::Fused => fused = Some(r),
@@ -146,7 +153,7 @@ pub fn measure(
         };
         let (mut fused, mut observed) = (0.0, 0.0);
         for mode in order {
-            let r = engine.run(mode)?;
+            let r = crate::noise::gated(&cfg.gate, &mut gate, || engine.run(mode))?;
             note(mode, r.output_hash);
             if mode == Mode::Fused {
                 fused = r.wall_ms;
@@ -164,6 +171,7 @@ pub fn measure(
         cycles,
         output_hashes: hashes,
         overhead_pairs,
+        gate,
     })
 }
 
@@ -271,6 +279,8 @@ pub struct ProfileSummary {
     pub overhead_of_minimums: f64,
     /// Every run of every mode computed bit-identical logits.
     pub outputs_identical: bool,
+    /// The noise gate: runs kept, rejected and retaken, kept although still noisy.
+    pub noise_gate: crate::noise::GateStats,
     pub nodes: u32,
     pub view_nodes: u32,
     pub bands: Vec<BandRow>,
@@ -588,6 +598,20 @@ pub fn summarise(
             },
         },
     ];
+    checks.push(Check {
+        name: "noise".into(),
+        status: if raw.gate.kept_noisy == 0 {
+            CheckStatus::Pass
+        } else {
+            CheckStatus::Warn
+        },
+        detail: format!(
+            "{} runs rejected and retaken because other processes used the CPUs; {} kept although still noisy (others used up to {:.0} %)",
+            raw.gate.rejected,
+            raw.gate.kept_noisy,
+            raw.gate.max_others_kept * 100.0
+        ),
+    });
     if raw.cycles.len() < 3 {
         checks.push(Check {
             name: "cycles".into(),
@@ -636,6 +660,7 @@ pub fn summarise(
         agreement_of_minimums: timed_sum.min() / fused.min() - 1.0,
         overhead_of_minimums: observed_all.min() / fused_all.min(),
         outputs_identical: identical,
+        noise_gate: raw.gate,
         nodes: n as u32,
         view_nodes: raw.graph.iter().filter(|g| g.is_view).count() as u32,
         bands,
@@ -725,6 +750,7 @@ mod tests {
             cycles,
             warmup: 1,
             overhead_pairs: 2,
+            gate: crate::noise::GateConfig::default(),
         }
     }
 

@@ -178,6 +178,10 @@ pub struct PassLog {
     pub fill_ms: f64,
     /// The whole pass as the sweep paid it: fill, chunks, storing.
     pub total_ms: f64,
+    /// Chunks measured while other processes used more than the noise gate allows (a cumulative
+    /// pass cannot retake a chunk: they are counted, not rejected).
+    #[serde(default)]
+    pub noisy_chunks: u32,
 }
 
 /// Where chunk records go as they land, and what is already there.
@@ -375,6 +379,7 @@ pub fn run_sweep(
             );
             engine.start_pass(mode, first)?;
             let fill_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let mut noisy_chunks = 0;
             for chunk in first..cfg.chunks {
                 progress(
                     done,
@@ -386,7 +391,15 @@ pub fn run_sweep(
                         cfg.depth_of(chunk)
                     ),
                 );
+                let before = crate::noise::read_ticks();
                 let t = engine.pass_chunk(mode, chunk)?;
+                if let (Some(b), Some(a)) = (before, crate::noise::read_ticks()) {
+                    if t.wall_ms >= 20.0
+                        && crate::noise::others_share(b, a) > crate::noise::DEFAULT_MAX_OTHERS
+                    {
+                        noisy_chunks += 1;
+                    }
+                }
                 if mode == Mode::Timed && t.node_us.len() != graph_len {
                     return Err(EngineError::GraphChanged(format!(
                         "chunk {chunk} timed {} nodes, the graph has {graph_len}",
@@ -409,6 +422,7 @@ pub fn run_sweep(
                 first_chunk: first,
                 fill_ms,
                 total_ms: t0.elapsed().as_secs_f64() * 1e3,
+                noisy_chunks,
             })?;
         }
     }
@@ -687,6 +701,19 @@ pub fn summarise_sweep(
             ),
         },
     ];
+    let noisy: u32 = passes.iter().map(|p| p.noisy_chunks).sum();
+    checks.push(Check {
+        name: "noise".into(),
+        status: if noisy == 0 {
+            CheckStatus::Pass
+        } else {
+            CheckStatus::Warn
+        },
+        detail: format!(
+            "{noisy} chunks measured while other processes used more than {:.0} % of the CPUs",
+            crate::noise::DEFAULT_MAX_OTHERS * 100.0
+        ),
+    });
     if let Some(att) = rules
         .attention_band
         .as_ref()

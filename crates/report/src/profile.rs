@@ -114,6 +114,12 @@ fn figures(s: &ProfileSummary) -> Vec<String> {
             s.agreement_corrected * 100.0
         ),
         format!(
+            "noise gate: {} runs rejected and retaken, {} kept although noisy (others used up to {:.0} % of the CPUs)",
+            s.noise_gate.rejected,
+            s.noise_gate.kept_noisy,
+            s.noise_gate.max_others_kept * 100.0
+        ),
+        format!(
             "from the fastest run of each mode: agreement {:+.2} %, overhead {:.4}",
             s.agreement_of_minimums * 100.0,
             s.overhead_of_minimums

@@ -40,6 +40,13 @@ pub struct ProfileArgs {
     /// one command and tabulate them side by side.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub parallel: Vec<u32>,
+    /// Noise gate: reject and retake a run while other processes used more than this share of
+    /// the machine's CPU time.
+    #[arg(long, default_value_t = opledger_core::noise::DEFAULT_MAX_OTHERS)]
+    pub noise_gate: f64,
+    /// Turn the noise gate off.
+    #[arg(long)]
+    pub no_noise_gate: bool,
     /// Extra interleaved FUSED / FUSED-with-instrument pairs for the overhead estimate.
     #[arg(long, default_value_t = 0)]
     pub overhead_pairs: u32,
@@ -185,6 +192,11 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
         cycles: args.cycles,
         warmup: args.warmup,
         overhead_pairs: args.overhead_pairs,
+        gate: opledger_core::noise::GateConfig {
+            max_others: args.noise_gate,
+            retries: opledger_core::noise::DEFAULT_RETRIES,
+            enabled: !args.no_noise_gate,
+        },
     };
     #[cfg(feature = "llama")]
     {
