@@ -23,6 +23,11 @@ enum Command {
     Sweep(opledger::cmd::sweep::SweepArgs),
     /// The census of the graph llama.cpp computes for a chunk, checked against the architecture.
     Graph(opledger::cmd::graph::GraphArgs),
+    /// Compare two runtime configurations interleaved: ratio with a confidence interval, a
+    /// control, ablations and a correctness gate.
+    Ab(opledger::cmd::ab::AbArgs),
+    /// Search a grid of runtime knobs for the fastest configuration that returns the same output.
+    Discover(opledger::cmd::ab::DiscoverArgs),
     /// Re-render a stored run from its raw data, without measuring again.
     Report(opledger::cmd::report::ReportArgs),
 }
@@ -34,6 +39,8 @@ fn main() -> ExitCode {
         Command::Profile(a) => opledger::cmd::profile::run(a),
         Command::Sweep(a) => opledger::cmd::sweep::run(a),
         Command::Graph(a) => opledger::cmd::graph::run(a),
+        Command::Ab(a) => opledger::cmd::ab::run_ab(a),
+        Command::Discover(a) => opledger::cmd::ab::run_discover(a),
         Command::Report(a) => opledger::cmd::report::run(a),
     };
     match result {

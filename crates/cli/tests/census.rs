@@ -19,6 +19,9 @@ fn engine(path: &Path, flash_attn: FlashAttn, no_repack: bool) -> LlamaEngine {
         flash_attn,
         gpu_layers: 0,
         no_repack,
+        ubatch: None,
+        type_k: None,
+        type_v: None,
         verbose: false,
     })
     .unwrap()

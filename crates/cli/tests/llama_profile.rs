@@ -26,6 +26,9 @@ fn engine(path: &Path) -> LlamaEngine {
         flash_attn: FlashAttn::Auto,
         gpu_layers: 0,
         no_repack: false,
+        ubatch: None,
+        type_k: None,
+        type_v: None,
         verbose: false,
     })
     .unwrap()

@@ -134,6 +134,15 @@ pub trait Engine {
     /// Restores the prepared state and runs the chunk once in `mode`.
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError>;
 
+    /// The logits of the last run's requested outputs: the last token of a prefill chunk, one
+    /// row per sequence of a decode run's last step.
+    fn logits(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
+        Err(EngineError::Unsupported {
+            what: "reading logits".into(),
+            why: "this engine does not expose them".into(),
+        })
+    }
+
     /// What isolating one node costs in TIMED mode, in µs per node, measured now on a
     /// calibration graph of trivial nodes (`None`: the engine cannot measure it; the summary then
     /// falls back on the graph's own nodes that do no work).

@@ -3,6 +3,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod ab;
 pub mod arch;
 pub mod band;
 pub mod census;

@@ -80,6 +80,52 @@ pub struct ContextParams {
     /// One KV buffer shared by all sequences (a shared prefix is stored once), as
     /// llama-batched-bench's `-kvu`.
     pub kv_unified: bool,
+    /// KV cache types (`None`: llama.cpp's default, F16).
+    pub type_k: Option<KvType>,
+    pub type_v: Option<KvType>,
+}
+
+/// A KV cache element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvType {
+    F32,
+    F16,
+    Bf16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+}
+
+impl KvType {
+    /// Parses `f16`, `q8_0`, ... (case-insensitive).
+    pub fn parse(s: &str) -> Option<KvType> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "f32" => KvType::F32,
+            "f16" => KvType::F16,
+            "bf16" => KvType::Bf16,
+            "q8_0" => KvType::Q8_0,
+            "q4_0" => KvType::Q4_0,
+            "q4_1" => KvType::Q4_1,
+            "q5_0" => KvType::Q5_0,
+            "q5_1" => KvType::Q5_1,
+            _ => return None,
+        })
+    }
+
+    fn ggml(self) -> sys::ggml_type {
+        match self {
+            KvType::F32 => sys::GGML_TYPE_F32,
+            KvType::F16 => sys::GGML_TYPE_F16,
+            KvType::Bf16 => sys::GGML_TYPE_BF16,
+            KvType::Q8_0 => sys::GGML_TYPE_Q8_0,
+            KvType::Q4_0 => sys::GGML_TYPE_Q4_0,
+            KvType::Q4_1 => sys::GGML_TYPE_Q4_1,
+            KvType::Q5_0 => sys::GGML_TYPE_Q5_0,
+            KvType::Q5_1 => sys::GGML_TYPE_Q5_1,
+        }
+    }
 }
 
 /// A llama.cpp context over a model, with its own KV cache and recurrent state.
@@ -118,6 +164,12 @@ impl Context {
         p.n_ubatch = params.n_ubatch;
         p.n_seq_max = params.n_seq_max.max(1);
         p.kv_unified = params.kv_unified;
+        if let Some(t) = params.type_k {
+            p.type_k = t.ggml();
+        }
+        if let Some(t) = params.type_v {
+            p.type_v = t.ggml();
+        }
         p.n_threads = pool.threads() as i32;
         p.n_threads_batch = pool.threads() as i32;
         p.no_perf = true;

@@ -11,7 +11,7 @@ use opledger_core::node::NodeInfo;
 use opledger_core::tokens::{filler_tokens, hash_f32};
 
 use crate::backend::Backend;
-use crate::context::{Context, ContextParams, FlashAttn, ThreadPool};
+use crate::context::{Context, ContextParams, FlashAttn, KvType, ThreadPool};
 use crate::error::LlamaError;
 use crate::model::{Model, ModelParams};
 use crate::observer::ObserveMode;
@@ -27,8 +27,15 @@ pub struct LlamaConfig {
     pub threads: u32,
     pub flash_attn: FlashAttn,
     pub gpu_layers: i32,
-    /// Load without weight repacking (see [`ModelParams::no_repack`]): for census-only work.
+    /// Load without weight repacking (see [`ModelParams::no_repack`]): for census-only work, or
+    /// as a knob of an A/B.
     pub no_repack: bool,
+    /// Physical batch (ubatch) size: a chunk is computed in ubatches of at most this many tokens
+    /// (`None`: the whole chunk at once).
+    pub ubatch: Option<u32>,
+    /// KV cache types (`None`: F16).
+    pub type_k: Option<KvType>,
+    pub type_v: Option<KvType>,
     /// Print llama.cpp's log to stderr.
     pub verbose: bool,
 }
@@ -64,6 +71,8 @@ pub struct LlamaEngine {
     /// The ops of the captured graph, to check that TIMED runs compute the same graph.
     graph_ops: Option<Vec<u32>>,
     load_ms: f64,
+    /// The mode of the last run, whose context holds the logits.
+    last_mode: Option<Mode>,
 }
 
 impl LlamaEngine {
@@ -92,6 +101,7 @@ impl LlamaEngine {
             sweep: None,
             graph_ops: None,
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
+            last_mode: None,
         })
     }
 
@@ -118,11 +128,17 @@ impl LlamaEngine {
         Ok(ContextParams {
             n_ctx,
             n_batch: chunk_tokens,
-            n_ubatch: chunk_tokens,
+            n_ubatch: self
+                .cfg
+                .ubatch
+                .unwrap_or(chunk_tokens)
+                .clamp(1, chunk_tokens.max(1)),
             flash_attn: self.cfg.flash_attn,
             instrumented,
             n_seq_max: n_seq.max(1),
             kv_unified: n_seq > 1,
+            type_k: self.cfg.type_k,
+            type_v: self.cfg.type_v,
         })
     }
 
@@ -386,6 +402,8 @@ impl LlamaEngine {
                 instrumented: true,
                 n_seq_max: 1,
                 kv_unified: false,
+                type_k: self.cfg.type_k,
+                type_v: self.cfg.type_v,
             },
         )?;
         let vocab = self.model.n_vocab();
@@ -435,6 +453,15 @@ impl Engine for LlamaEngine {
         );
         settings.insert("gpu_layers".into(), self.cfg.gpu_layers.to_string());
         settings.insert("weight_repack".into(), (!self.cfg.no_repack).to_string());
+        if let Some(u) = self.cfg.ubatch {
+            settings.insert("ubatch".into(), u.to_string());
+        }
+        if let Some(t) = self.cfg.type_k {
+            settings.insert("type_k".into(), format!("{t:?}").to_lowercase());
+        }
+        if let Some(t) = self.cfg.type_v {
+            settings.insert("type_v".into(), format!("{t:?}").to_lowercase());
+        }
         settings.insert("system_info".into(), self.backend.system_info());
         settings.insert("model_description".into(), self.model.description());
         if let Some(ctx) = &self.observed {
@@ -507,7 +534,22 @@ impl Engine for LlamaEngine {
         Ok(nodes)
     }
 
+    fn logits(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
+        let (Some(mode), Some(work)) = (self.last_mode, self.work.clone()) else {
+            return Err(EngineError::Failed("logits() before a run".into()));
+        };
+        let ctx = self.context(mode)?;
+        if work.is_decode() {
+            (0..work.parallel.max(1) as i32)
+                .map(|s| ctx.logits(s).map_err(EngineError::from))
+                .collect()
+        } else {
+            Ok(vec![ctx.logits(-1)?])
+        }
+    }
+
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
+        self.last_mode = Some(mode);
         if self.work.as_ref().is_some_and(|w| w.is_decode()) {
             return self.run_decode(mode);
         }

@@ -11,7 +11,7 @@ pub mod model;
 pub mod observer;
 
 pub use backend::Backend;
-pub use context::{Context, ContextParams, FlashAttn, ThreadPool};
+pub use context::{Context, ContextParams, FlashAttn, KvType, ThreadPool};
 pub use engine::{GraphCapture, LlamaConfig, LlamaEngine, LLAMA_CPP_SYS_VERSION};
 pub use error::LlamaError;
 pub use model::{Model, ModelParams};

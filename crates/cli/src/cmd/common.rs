@@ -98,6 +98,9 @@ pub fn load_llama(args: &ModelArgs, no_repack: bool) -> Result<opledger_llama::L
         },
         gpu_layers: args.gpu_layers,
         no_repack,
+        ubatch: None,
+        type_k: None,
+        type_v: None,
         verbose: args.verbose,
     };
     LlamaEngine::load(cfg).with_context(|| format!("loading model '{}'", model_path.display()))
@@ -108,4 +111,49 @@ pub fn utc_stamp() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now())
         .to_string()
         .replace(['-', ':'], "")
+}
+
+/// Loads llama.cpp with `args`, overridden by the knobs of an A/B (threads, flash_attn, ubatch,
+/// type_k, type_v, repack).
+#[cfg(feature = "llama")]
+pub fn load_llama_knobs(
+    args: &ModelArgs,
+    knobs: &opledger_core::ab::Knobs,
+) -> Result<opledger_llama::LlamaEngine> {
+    use opledger_llama::{FlashAttn, KvType, LlamaConfig, LlamaEngine};
+    let model_path = args.path()?;
+    let kv = |key: &str| -> Result<Option<KvType>> {
+        knobs
+            .get(key)
+            .map(|v| {
+                KvType::parse(v)
+                    .ok_or_else(|| anyhow::anyhow!("knob {key}={v}: not a KV cache type"))
+            })
+            .transpose()
+    };
+    let cfg = LlamaConfig {
+        model_path: model_path.clone(),
+        threads: knobs
+            .get("threads")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| args.threads()),
+        flash_attn: match knobs.get("flash_attn") {
+            Some("on") => FlashAttn::On,
+            Some("off") => FlashAttn::Off,
+            Some(_) => FlashAttn::Auto,
+            None => match args.flash_attn {
+                FlashAttnArg::Auto => FlashAttn::Auto,
+                FlashAttnArg::On => FlashAttn::On,
+                FlashAttnArg::Off => FlashAttn::Off,
+            },
+        },
+        gpu_layers: args.gpu_layers,
+        no_repack: knobs.get("repack") == Some("off"),
+        ubatch: knobs.get("ubatch").and_then(|u| u.parse().ok()),
+        type_k: kv("type_k")?,
+        type_v: kv("type_v")?,
+        verbose: args.verbose,
+    };
+    LlamaEngine::load(cfg)
+        .with_context(|| format!("loading model '{}' with {knobs}", model_path.display()))
 }

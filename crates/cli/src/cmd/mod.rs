@@ -1,5 +1,6 @@
 //! One file per subcommand: arguments, conversion to a configuration, wiring.
 
+pub mod ab;
 pub mod common;
 pub mod graph;
 pub mod profile;

@@ -1,0 +1,635 @@
+//! `opledger ab` and `opledger discover`: runtime configurations of llama.cpp compared
+//! interleaved on the same work, with a control, ablations and a correctness gate; `discover`
+//! searches a grid of knobs for the fastest configuration that still returns the same thing.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use opledger_core::ab::{AbConfig, Knobs, ScenarioResult, Tolerance, Verdict};
+use opledger_core::engine::Work;
+use opledger_core::manifest::Manifest;
+use opledger_core::run_folder::{fresh_run_path, RunFolder};
+use serde::Serialize;
+
+use super::common::{utc_stamp, ModelArgs};
+use super::profile::{load_rules, manifest};
+use crate::model_file::ModelFile;
+use crate::progress::steps_bar;
+
+/// The work both commands measure.
+#[derive(Args, Clone)]
+pub struct WorkArgs {
+    /// Prefill chunk size.
+    #[arg(short = 'p', long, default_value_t = 512)]
+    pub chunk: u32,
+    /// Depths of the prefill scenarios (and of the decode ones).
+    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    pub depths: Vec<u32>,
+    /// Also decode this many tokens per sequence (0: prefill only).
+    #[arg(short = 'n', long = "decode", default_value_t = 0)]
+    pub decode: u32,
+    /// Sequence counts of the decode scenarios.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub parallel: Vec<u32>,
+    /// The smallest change a verdict calls faster or slower.
+    #[arg(long, default_value_t = 0.02)]
+    pub min_effect: f64,
+    /// Largest relative logit difference (max |a-b| / max |a|) that still counts as the same
+    /// output; the greedy tokens must match too.
+    #[arg(long, default_value_t = 2e-2)]
+    pub tolerance: f64,
+    /// Noise gate threshold (share of the CPUs other processes may use).
+    #[arg(long, default_value_t = opledger_core::noise::DEFAULT_MAX_OTHERS)]
+    pub noise_gate: f64,
+}
+
+impl WorkArgs {
+    fn scenarios(&self) -> Vec<Work> {
+        let mut out = Vec::new();
+        for &d in &self.depths {
+            out.push(Work::prefill(self.chunk, d));
+        }
+        if self.decode > 0 {
+            for &d in &self.depths {
+                for &p in &self.parallel {
+                    out.push(Work {
+                        decode_tokens: self.decode,
+                        parallel: p.max(1),
+                        ..Work::prefill(self.chunk, d)
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    fn config(&self, pairs: u32, scenarios: Vec<Work>) -> AbConfig {
+        AbConfig {
+            scenarios,
+            pairs,
+            gate: opledger_core::noise::GateConfig {
+                max_others: self.noise_gate,
+                ..Default::default()
+            },
+            tolerance: Tolerance {
+                max_rel_error: self.tolerance,
+                ..Default::default()
+            },
+            min_effect: self.min_effect,
+            resamples: 2000,
+            seed: 0x0a_b0,
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct AbArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Configuration A, the baseline: `threads=2,flash_attn=on,...` (empty: defaults).
+    #[arg(long, default_value = "")]
+    pub a: String,
+    /// Configuration B, the candidate.
+    #[arg(long)]
+    pub b: String,
+    #[command(flatten)]
+    pub work: WorkArgs,
+    /// Interleaved A/B pairs per scenario.
+    #[arg(short = 'r', long, default_value_t = 8)]
+    pub pairs: u32,
+    /// The run folder (default: runs/<time>-ab-<model>).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+#[derive(Args)]
+pub struct DiscoverArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The grid: knobs separated by `;`, values by `,`:
+    /// `threads=1,2;flash_attn=on,off;ubatch=128,512`.
+    #[arg(long)]
+    pub knobs: String,
+    #[command(flatten)]
+    pub work: WorkArgs,
+    /// Interleaved pairs per candidate in the search (first scenario only).
+    #[arg(long, default_value_t = 3)]
+    pub search_pairs: u32,
+    /// Interleaved pairs of the confirmation of the winner (every scenario).
+    #[arg(short = 'r', long, default_value_t = 8)]
+    pub pairs: u32,
+    /// The largest grid searched.
+    #[arg(long, default_value_t = 64)]
+    pub max_candidates: usize,
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// One A/B with its ablations.
+#[derive(Debug, Serialize)]
+pub struct AbReport {
+    pub a: Knobs,
+    pub b: Knobs,
+    pub config: AbConfig,
+    pub scenarios: Vec<ScenarioResult>,
+    /// B with one changed knob turned back off, against A, on the first scenario.
+    pub ablations: Vec<Ablation>,
+    /// The overall verdict: `refused` when any scenario failed the correctness gate.
+    pub verdict: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Ablation {
+    /// The knob turned back to A's value.
+    pub reverted: String,
+    pub knobs: Knobs,
+    pub ratio: f64,
+    pub ratio_lo: f64,
+    pub ratio_hi: f64,
+    pub verdict: Verdict,
+    pub correct: bool,
+}
+
+fn verdict_name(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Faster => "faster",
+        Verdict::Slower => "slower",
+        Verdict::NoChange => "no change",
+        Verdict::WithinNoise => "within noise",
+    }
+}
+
+fn overall(scenarios: &[ScenarioResult]) -> String {
+    if scenarios.iter().any(|s| !s.correctness.passed) {
+        return "refused: the model's output changed beyond the tolerance".into();
+    }
+    let verdicts: Vec<Verdict> = scenarios.iter().map(|s| s.verdict).collect();
+    if verdicts.iter().all(|v| *v == Verdict::Faster) {
+        "faster in every scenario".into()
+    } else if verdicts.contains(&Verdict::Slower) {
+        "slower in at least one scenario".into()
+    } else if verdicts.contains(&Verdict::Faster) {
+        "faster in some scenarios, no worse in the others".into()
+    } else {
+        "no change beyond the noise".into()
+    }
+}
+
+#[cfg(feature = "llama")]
+fn compare(
+    model: &ModelArgs,
+    a: &Knobs,
+    b: &Knobs,
+    cfg: &AbConfig,
+    file: &ModelFile,
+    rules: &opledger_core::band::BandRules,
+    progress: &mut dyn FnMut(u32, u32, &str),
+) -> Result<Vec<ScenarioResult>> {
+    let mut ea = super::common::load_llama_knobs(model, a)?;
+    let mut eb = super::common::load_llama_knobs(model, b)?;
+    Ok(opledger_core::ab::run_ab(
+        &mut ea, &mut eb, cfg, rules, &file.arch, progress,
+    )?)
+}
+
+#[cfg(feature = "llama")]
+fn ab_with_ablations(
+    model: &ModelArgs,
+    a: &Knobs,
+    b: &Knobs,
+    cfg: &AbConfig,
+    file: &ModelFile,
+    rules: &opledger_core::band::BandRules,
+    quiet: bool,
+) -> Result<AbReport> {
+    let bar = steps_bar(quiet);
+    let mut progress = |done: u32, total: u32, what: &str| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        bar.set_message(what.to_string());
+    };
+    let scenarios = compare(model, a, b, cfg, file, rules, &mut progress)?;
+    let mut ablations = Vec::new();
+    let first = AbConfig {
+        scenarios: cfg.scenarios.iter().take(1).cloned().collect(),
+        ..cfg.clone()
+    };
+    for knob in b.differences(a) {
+        let reverted = b.reverted(&knob, a);
+        let r = compare(model, a, &reverted, &first, file, rules, &mut progress)?;
+        let s = &r[0];
+        ablations.push(Ablation {
+            reverted: knob,
+            knobs: reverted,
+            ratio: s.ratio,
+            ratio_lo: s.ratio_lo,
+            ratio_hi: s.ratio_hi,
+            verdict: s.verdict,
+            correct: s.correctness.passed,
+        });
+    }
+    bar.finish_and_clear();
+    Ok(AbReport {
+        a: a.clone(),
+        b: b.clone(),
+        config: cfg.clone(),
+        verdict: overall(&scenarios),
+        scenarios,
+        ablations,
+    })
+}
+
+fn scenario_label(w: &Work) -> String {
+    if w.is_decode() {
+        format!(
+            "decode {}x{} @{}",
+            w.decode_tokens, w.parallel, w.depth_tokens
+        )
+    } else {
+        format!("prefill {} @{}", w.chunk_tokens, w.depth_tokens)
+    }
+}
+
+/// The terminal rendering of an A/B.
+pub fn ab_text(r: &AbReport) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "A (baseline): {}\nB (candidate): {}\n", r.a, r.b);
+    let _ = writeln!(
+        out,
+        "{:<22} {:>10} {:>10} {:>7} {:>17} {:<13} {:>28} {}",
+        "scenario",
+        "A ms",
+        "B ms",
+        "B/A",
+        "95 % interval",
+        "verdict",
+        "control: A vs A (halves)",
+        "output"
+    );
+    let med = |v: &[f64]| opledger_core::stats::median(v).unwrap_or(0.0);
+    for s in &r.scenarios {
+        let _ = writeln!(
+            out,
+            "{:<22} {:>10.2} {:>10.2} {:>7.3} {:>17} {:<13} {:>28} {}",
+            scenario_label(&s.work),
+            med(&s.a_ms),
+            med(&s.b_ms),
+            s.ratio,
+            format!("[{:.3}–{:.3}]", s.ratio_lo, s.ratio_hi),
+            verdict_name(s.verdict),
+            format!(
+                "{:.3} [{:.3}–{:.3}] {}",
+                s.control_ratio,
+                s.control_lo,
+                s.control_hi,
+                verdict_name(s.control_verdict)
+            ),
+            if s.correctness.passed {
+                format!(
+                    "same (top-1 {}/{}, rel {:.1e})",
+                    s.correctness.same_top1, s.correctness.rows, s.correctness.max_rel_error
+                )
+            } else {
+                format!(
+                    "CHANGED (top-1 {}/{}, rel {:.1e}, cos {:.5})",
+                    s.correctness.same_top1,
+                    s.correctness.rows,
+                    s.correctness.max_rel_error,
+                    s.correctness.min_cosine
+                )
+            }
+        );
+    }
+    if let Some(s) = r.scenarios.first() {
+        let _ = writeln!(
+            out,
+            "\nwhere the difference lives ({}), sorted by gap:",
+            scenario_label(&s.work)
+        );
+        let _ = writeln!(
+            out,
+            "  {:<18} {:>12} {:>12} {:>12} {:>8}",
+            "band", "A ms/token", "B ms/token", "gap", "B/A"
+        );
+        for row in &s.ledger {
+            let _ = writeln!(
+                out,
+                "  {:<18} {:>12.4} {:>12.4} {:>+12.4} {:>8.3}",
+                row.band, row.a_ms_per_token, row.b_ms_per_token, row.gap_ms_per_token, row.ratio
+            );
+        }
+    }
+    if !r.ablations.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nablations (B with one change turned back off, against A, first scenario):"
+        );
+        for a in &r.ablations {
+            let _ = writeln!(
+                out,
+                "  without {:<12} ({}) B/A {:.3} [{:.3}–{:.3}] {}{}",
+                a.reverted,
+                a.knobs,
+                a.ratio,
+                a.ratio_lo,
+                a.ratio_hi,
+                verdict_name(a.verdict),
+                if a.correct { "" } else { ", output CHANGED" }
+            );
+        }
+    }
+    let noise: u32 = r.scenarios.iter().map(|s| s.gate.rejected).sum();
+    let _ = writeln!(
+        out,
+        "\nthresholds: faster/slower when the whole 95 % interval of B/A lies beyond ±{:.0} %, no change when it lies within; noise gate rejected and retook {noise} runs",
+        r.config.min_effect * 100.0
+    );
+    let _ = writeln!(out, "verdict: {}", r.verdict);
+    out
+}
+
+fn model_of(model: &ModelArgs) -> Result<(ModelFile, PathBuf, ModelArgs)> {
+    let path = model.path()?;
+    let file = ModelFile::open(&path)?;
+    let mut args = model.clone();
+    args.model = Some(path.clone());
+    Ok((file, path, args))
+}
+
+fn folder_for(out: &Option<PathBuf>, kind: &str, model: &Path) -> Result<RunFolder> {
+    let label = model
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let path = out
+        .clone()
+        .unwrap_or_else(|| fresh_run_path(Path::new("runs"), kind, &label, &utc_stamp()));
+    Ok(RunFolder::create(&path)?)
+}
+
+fn manifest_for(
+    kind: &str,
+    file: &ModelFile,
+    path: &Path,
+    rules: &opledger_core::band::BandRules,
+    threads: u32,
+) -> Result<Manifest> {
+    manifest(
+        kind,
+        file,
+        path,
+        opledger_core::engine::EngineInfo {
+            engine: "llama.cpp".into(),
+            version: opledger_llama_version(),
+            backend: "CPU".into(),
+            threads,
+            settings: Default::default(),
+        },
+        rules,
+    )
+}
+
+fn opledger_llama_version() -> String {
+    #[cfg(feature = "llama")]
+    {
+        opledger_llama::LLAMA_CPP_SYS_VERSION.to_string()
+    }
+    #[cfg(not(feature = "llama"))]
+    {
+        String::new()
+    }
+}
+
+pub fn run_ab(args: AbArgs) -> Result<ExitCode> {
+    let a: Knobs = args.a.parse().context("--a")?;
+    let b: Knobs = args.b.parse().context("--b")?;
+    let (file, path, model) = model_of(&args.model)?;
+    let rules = load_rules(None, &file.arch.arch)?;
+    if args.pairs < 4 {
+        bail!(
+            "--pairs must be at least 4 (the control splits A's runs in two halves of two or more)"
+        );
+    }
+    let cfg = args.work.config(args.pairs, args.work.scenarios());
+    #[cfg(not(feature = "llama"))]
+    {
+        let _ = (a, b, path, model, rules, cfg);
+        bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
+    }
+    #[cfg(feature = "llama")]
+    {
+        let folder = folder_for(&args.output, "ab", &path)?;
+        let report =
+            ab_with_ablations(&model, &a, &b, &cfg, &file, &rules, args.quiet || args.json)?;
+        folder.write_json(
+            "manifest.json",
+            &manifest_for("ab", &file, &path, &rules, model.threads())?,
+        )?;
+        folder.write_json("ab.json", &report)?;
+        let text = ab_text(&report);
+        folder.write("table.txt", text.as_bytes())?;
+        let dir = folder.finish()?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else if !args.quiet {
+            print!("{text}");
+            println!("run folder: {}", dir.display());
+        }
+        Ok(if report.verdict.starts_with("refused") {
+            ExitCode::from(4)
+        } else {
+            ExitCode::SUCCESS
+        })
+    }
+}
+
+/// The grid of a `--knobs` specification.
+pub fn grid(spec: &str, max: usize) -> Result<Vec<Knobs>> {
+    let mut axes: Vec<(String, Vec<String>)> = Vec::new();
+    for part in spec.split(';').filter(|p| !p.trim().is_empty()) {
+        let (k, vs) = part
+            .split_once('=')
+            .with_context(|| format!("--knobs: '{part}' is not knob=value,value"))?;
+        let values: Vec<String> = vs
+            .split(',')
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+            .collect();
+        if values.is_empty() {
+            bail!("--knobs: {k} has no values");
+        }
+        for v in &values {
+            format!("{}={v}", k.trim())
+                .parse::<Knobs>()
+                .context("--knobs")?;
+        }
+        axes.push((k.trim().to_lowercase(), values));
+    }
+    let mut out = vec![Knobs::default()];
+    for (k, values) in &axes {
+        let mut next = Vec::new();
+        for base in &out {
+            for v in values {
+                let mut c = base.clone();
+                c.0.insert(k.clone(), v.to_lowercase());
+                next.push(c);
+            }
+        }
+        out = next;
+        if out.len() > max {
+            bail!("--knobs: the grid has more than {max} candidates; narrow it or raise --max-candidates");
+        }
+    }
+    Ok(out)
+}
+
+/// One candidate of the search.
+#[derive(Debug, Serialize)]
+pub struct Candidate {
+    pub knobs: Knobs,
+    pub ratio: f64,
+    pub ratio_lo: f64,
+    pub ratio_hi: f64,
+    pub correct: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DiscoverReport {
+    pub baseline: Knobs,
+    pub candidates: Vec<Candidate>,
+    /// The winner's confirmation: a full A/B against the baseline with ablations and control.
+    pub confirmation: Option<AbReport>,
+}
+
+pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
+    let (file, path, model) = model_of(&args.model)?;
+    let rules = load_rules(None, &file.arch.arch)?;
+    let candidates = grid(&args.knobs, args.max_candidates)?;
+    let scenarios = args.work.scenarios();
+    #[cfg(not(feature = "llama"))]
+    {
+        let _ = (candidates, scenarios, path, model, rules);
+        bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
+    }
+    #[cfg(feature = "llama")]
+    {
+        let folder = folder_for(&args.output, "discover", &path)?;
+        let baseline = Knobs::default();
+        let search = args.work.config(
+            args.search_pairs.max(2),
+            scenarios.iter().take(1).cloned().collect(),
+        );
+        let bar = steps_bar(args.quiet || args.json);
+        let mut found = Vec::new();
+        for (i, c) in candidates.iter().enumerate() {
+            bar.set_length(candidates.len() as u64);
+            bar.set_position(i as u64);
+            bar.set_message(c.to_string());
+            let r = compare(
+                &model,
+                &baseline,
+                c,
+                &search,
+                &file,
+                &rules,
+                &mut |_, _, _| {},
+            )?;
+            let s = &r[0];
+            found.push(Candidate {
+                knobs: c.clone(),
+                ratio: s.ratio,
+                ratio_lo: s.ratio_lo,
+                ratio_hi: s.ratio_hi,
+                correct: s.correctness.passed,
+            });
+        }
+        bar.finish_and_clear();
+        found.sort_by(|x, y| x.ratio.total_cmp(&y.ratio));
+        let winner = found
+            .iter()
+            .find(|c| c.correct && c.knobs != baseline && c.ratio < 1.0);
+        let confirmation = match winner {
+            Some(w) => {
+                let cfg = args.work.config(args.pairs.max(4), scenarios.clone());
+                Some(ab_with_ablations(
+                    &model,
+                    &baseline,
+                    &w.knobs,
+                    &cfg,
+                    &file,
+                    &rules,
+                    args.quiet || args.json,
+                )?)
+            }
+            None => None,
+        };
+        let report = DiscoverReport {
+            baseline,
+            candidates: found,
+            confirmation,
+        };
+        let text = discover_text(&report);
+        folder.write_json(
+            "manifest.json",
+            &manifest_for("discover", &file, &path, &rules, model.threads())?,
+        )?;
+        folder.write_json("discover.json", &report)?;
+        folder.write("table.txt", text.as_bytes())?;
+        let dir = folder.finish()?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else if !args.quiet {
+            print!("{text}");
+            println!("run folder: {}", dir.display());
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn discover_text(r: &DiscoverReport) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "candidates against the baseline ({}), fastest first:",
+        r.baseline
+    );
+    for c in &r.candidates {
+        let _ = writeln!(
+            out,
+            "  {:<48} B/A {:.3} [{:.3}–{:.3}]{}",
+            c.knobs.to_string(),
+            c.ratio,
+            c.ratio_lo,
+            c.ratio_hi,
+            if c.correct {
+                ""
+            } else {
+                "  refused: output changed"
+            }
+        );
+    }
+    match &r.confirmation {
+        Some(ab) => {
+            let _ = writeln!(out, "\nconfirmation of the winner:\n{}", ab_text(ab));
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "\nno candidate was faster than the baseline and correct"
+            );
+        }
+    }
+    out
+}

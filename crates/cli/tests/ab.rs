@@ -1,0 +1,85 @@
+//! A/B attribution on real llama.cpp runs of a tiny synthetic model: the correctness gate refuses
+//! a configuration whose output changed beyond the tolerance, and passes an identical one.
+
+use assert_cmd::Command;
+
+fn tiny(dir: &std::path::Path) -> std::path::PathBuf {
+    let model = dir.join("tiny.gguf");
+    Command::cargo_bin("opledger")
+        .unwrap()
+        .args(["synth", "--preset", "tiny-qwen35moe", "-q", "-o"])
+        .arg(&model)
+        .assert()
+        .success();
+    model
+}
+
+fn ab(model: &std::path::Path, a: &str, b: &str, extra: &[&str]) -> (i32, serde_json::Value) {
+    let out = Command::cargo_bin("opledger")
+        .unwrap()
+        // the gate is off: the two tests of this file run side by side and would see each other
+        .args([
+            "ab",
+            "-p",
+            "64",
+            "-r",
+            "4",
+            "-t",
+            "2",
+            "--noise-gate",
+            "1",
+            "--json",
+            "--a",
+            a,
+            "--b",
+            b,
+            "-m",
+        ])
+        .arg(model)
+        .args(extra)
+        .args(["-o"])
+        .arg(model.with_extension(format!("ab-{}", b.replace([',', '='], "_"))))
+        .output()
+        .unwrap();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code().unwrap_or(-1), json)
+}
+
+#[test]
+fn a_kv_cache_that_changes_the_output_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(dir.path());
+    let (code, r) = ab(
+        &model,
+        "flash_attn=on",
+        "flash_attn=on,type_k=q4_0,type_v=q4_0",
+        &["--tolerance", "1e-4"],
+    );
+    assert_eq!(code, 4, "{r}");
+    assert!(
+        r["verdict"].as_str().unwrap().starts_with("refused"),
+        "{}",
+        r["verdict"]
+    );
+    let c = &r["scenarios"][0]["correctness"];
+    assert_eq!(c["passed"], false);
+    assert!(c["max_rel_error"].as_f64().unwrap() > 1e-4, "{c}");
+    // the ablation turns the two KV knobs back off one at a time
+    assert_eq!(r["ablations"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn the_same_configuration_returns_bit_identical_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(dir.path());
+    let (code, r) = ab(&model, "threads=2", "threads=2,flash_attn=auto", &[]);
+    assert_eq!(code, 0, "{r}");
+    let c = &r["scenarios"][0]["correctness"];
+    assert_eq!(c["passed"], true);
+    assert_eq!(c["max_rel_error"].as_f64().unwrap(), 0.0, "{c}");
+    let s = &r["scenarios"][0];
+    assert_eq!(s["a_ms"].as_array().unwrap().len(), 4);
+    assert!(s["ratio_lo"].as_f64().unwrap() <= s["ratio"].as_f64().unwrap());
+    assert!(s["ratio"].as_f64().unwrap() <= s["ratio_hi"].as_f64().unwrap());
+    assert_eq!(s["ledger"].as_array().unwrap().len(), 5);
+}

@@ -1,0 +1,531 @@
+//! A/B attribution: two configurations of an engine run interleaved on the same work, a bootstrap
+//! confidence interval of the time ratio, a verdict with stated thresholds, a control that must
+//! not move (the baseline's own runs split in two halves), a correctness gate (the model still
+//! returns the same thing) and a per-band ledger of where the difference lives.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::arch::ArchInfo;
+use crate::band::{BandRules, Categoriser};
+use crate::engine::{Engine, EngineError, Mode, Work};
+use crate::noise::{gated, GateConfig, GateStats};
+use crate::stats::Sample;
+use crate::tokens::splitmix64;
+
+/// Runtime settings an A/B compares: `threads=2,flash_attn=on,ubatch=256`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Knobs(pub BTreeMap<String, String>);
+
+/// The knobs opledger knows, with the values each accepts.
+pub const KNOWN_KNOBS: [(&str, &str); 6] = [
+    ("threads", "a positive integer"),
+    ("flash_attn", "on, off or auto"),
+    (
+        "ubatch",
+        "a positive integer (physical batch; the chunk is split into ubatches)",
+    ),
+    ("type_k", "f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1"),
+    ("type_v", "f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1"),
+    ("repack", "on or off (CPU weight repacking)"),
+];
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KnobError {
+    #[error("unknown knob '{0}' (known: threads, flash_attn, ubatch, type_k, type_v, repack)")]
+    Unknown(String),
+    #[error("knob {key}={value}: expected {expected}")]
+    BadValue {
+        key: String,
+        value: String,
+        expected: String,
+    },
+    #[error("'{0}' is not key=value")]
+    Syntax(String),
+}
+
+fn check_value(key: &str, value: &str) -> Result<(), KnobError> {
+    let ok = match key {
+        "threads" | "ubatch" => value.parse::<u32>().is_ok_and(|v| v > 0),
+        "flash_attn" => matches!(value, "on" | "off" | "auto"),
+        "type_k" | "type_v" => matches!(
+            value,
+            "f16" | "bf16" | "f32" | "q8_0" | "q4_0" | "q4_1" | "q5_0" | "q5_1"
+        ),
+        "repack" => matches!(value, "on" | "off"),
+        _ => return Err(KnobError::Unknown(key.to_string())),
+    };
+    if ok {
+        Ok(())
+    } else {
+        let expected = KNOWN_KNOBS
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, e)| e.to_string())
+            .unwrap_or_default();
+        Err(KnobError::BadValue {
+            key: key.into(),
+            value: value.into(),
+            expected,
+        })
+    }
+}
+
+impl FromStr for Knobs {
+    type Err = KnobError;
+
+    /// `key=value` pairs separated by commas or spaces; the empty string is the defaults.
+    fn from_str(s: &str) -> Result<Knobs, KnobError> {
+        let mut map = BTreeMap::new();
+        for part in s.split([',', ' ']).filter(|p| !p.trim().is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| KnobError::Syntax(part.to_string()))?;
+            let (k, v) = (k.trim().to_lowercase(), v.trim().to_lowercase());
+            check_value(&k, &v)?;
+            map.insert(k, v);
+        }
+        Ok(Knobs(map))
+    }
+}
+
+impl std::fmt::Display for Knobs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            return write!(f, "defaults");
+        }
+        let parts: Vec<String> = self.0.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        write!(f, "{}", parts.join(","))
+    }
+}
+
+impl Knobs {
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    /// Knobs where `other` differs from `self` (set in one and not the other, or different).
+    pub fn differences(&self, other: &Knobs) -> Vec<String> {
+        let mut keys: Vec<&String> = self.0.keys().chain(other.0.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        keys.into_iter()
+            .filter(|k| self.0.get(*k) != other.0.get(*k))
+            .cloned()
+            .collect()
+    }
+
+    /// `self` with `key` set back to its value in `base` (or removed).
+    pub fn reverted(&self, key: &str, base: &Knobs) -> Knobs {
+        let mut k = self.clone();
+        match base.0.get(key) {
+            Some(v) => k.0.insert(key.to_string(), v.clone()),
+            None => k.0.remove(key),
+        };
+        k
+    }
+}
+
+/// How close two engines' outputs must be to count as the same model output.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Tolerance {
+    /// max |a - b| / max |a| over the logits.
+    pub max_rel_error: f64,
+    /// Cosine similarity of the logit vectors at least this.
+    pub min_cosine: f64,
+}
+
+impl Default for Tolerance {
+    fn default() -> Self {
+        Tolerance {
+            max_rel_error: 2e-2,
+            min_cosine: 0.999,
+        }
+    }
+}
+
+/// The correctness gate's findings for one scenario.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Correctness {
+    /// Rows compared (last token, or one per sequence in decode).
+    pub rows: u32,
+    /// Rows whose greedy (argmax) token is the same.
+    pub same_top1: u32,
+    pub max_rel_error: f64,
+    pub min_cosine: f64,
+    pub passed: bool,
+}
+
+/// Compares two sets of logit rows under a tolerance.
+pub fn compare_logits(a: &[Vec<f32>], b: &[Vec<f32>], tol: &Tolerance) -> Correctness {
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .map(|(i, _)| i)
+    };
+    let mut same = 0;
+    let mut max_rel: f64 = 0.0;
+    let mut min_cos: f64 = 1.0;
+    let rows = a.len().min(b.len());
+    let mut shapes_match = a.len() == b.len();
+    for (x, y) in a.iter().zip(b) {
+        if x.len() != y.len() || x.is_empty() {
+            shapes_match = false;
+            continue;
+        }
+        if argmax(x) == argmax(y) {
+            same += 1;
+        }
+        let scale = x
+            .iter()
+            .map(|v| v.abs() as f64)
+            .fold(0.0, f64::max)
+            .max(1e-30);
+        let diff = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| (*p as f64 - *q as f64).abs())
+            .fold(0.0, f64::max);
+        max_rel = max_rel.max(diff / scale);
+        let dot: f64 = x.iter().zip(y).map(|(p, q)| *p as f64 * *q as f64).sum();
+        let nx: f64 = x.iter().map(|p| (*p as f64).powi(2)).sum::<f64>().sqrt();
+        let ny: f64 = y.iter().map(|q| (*q as f64).powi(2)).sum::<f64>().sqrt();
+        let cos = if nx > 0.0 && ny > 0.0 {
+            dot / (nx * ny)
+        } else {
+            0.0
+        };
+        min_cos = min_cos.min(cos);
+    }
+    Correctness {
+        rows: rows as u32,
+        same_top1: same,
+        max_rel_error: max_rel,
+        min_cosine: min_cos,
+        passed: shapes_match
+            && rows > 0
+            && same == rows as u32
+            && max_rel <= tol.max_rel_error
+            && min_cos >= tol.min_cosine,
+    }
+}
+
+/// A comparison's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The whole confidence interval of B/A lies below 1 - min_effect.
+    Faster,
+    /// The whole interval lies above 1 + min_effect.
+    Slower,
+    /// The whole interval lies within ±min_effect.
+    NoChange,
+    /// The interval straddles a threshold: the noise does not allow a verdict.
+    WithinNoise,
+}
+
+impl Verdict {
+    pub fn of(lo: f64, hi: f64, min_effect: f64) -> Verdict {
+        if hi < 1.0 - min_effect {
+            Verdict::Faster
+        } else if lo > 1.0 + min_effect {
+            Verdict::Slower
+        } else if lo >= 1.0 - min_effect && hi <= 1.0 + min_effect {
+            Verdict::NoChange
+        } else {
+            Verdict::WithinNoise
+        }
+    }
+}
+
+/// Ratio of medians B / A with a percentile bootstrap confidence interval (95 %), resampling
+/// the interleaved pairs together; deterministic for a seed.
+pub fn ratio_ci(a: &[f64], b: &[f64], resamples: u32, seed: u64) -> Option<(f64, f64, f64)> {
+    let n = a.len().min(b.len());
+    if n == 0 {
+        return None;
+    }
+    let ratio = Sample::new(&b[..n]).ok()?.median() / Sample::new(&a[..n]).ok()?.median();
+    if n == 1 {
+        return Some((ratio, ratio, ratio));
+    }
+    let mut state = seed;
+    let mut ratios = Vec::with_capacity(resamples as usize);
+    let (mut ra, mut rb) = (vec![0.0; n], vec![0.0; n]);
+    for _ in 0..resamples.max(1) {
+        for i in 0..n {
+            state = splitmix64(state);
+            let j = (state % n as u64) as usize;
+            ra[i] = a[j];
+            rb[i] = b[j];
+        }
+        ratios.push(Sample::new(&rb).ok()?.median() / Sample::new(&ra).ok()?.median());
+    }
+    ratios.sort_by(f64::total_cmp);
+    let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
+    Some((ratio, at(0.025), at(0.975)))
+}
+
+/// One band, side by side.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LedgerRow {
+    pub band: String,
+    pub a_ms_per_token: f64,
+    pub b_ms_per_token: f64,
+    /// b - a (positive: B spends more here).
+    pub gap_ms_per_token: f64,
+    pub ratio: f64,
+}
+
+/// Bands of two sides sorted by the size of their gap.
+pub fn ledger(bands: &[String], a: &[f64], b: &[f64]) -> Vec<LedgerRow> {
+    let mut rows: Vec<LedgerRow> = bands
+        .iter()
+        .zip(a.iter().zip(b))
+        .map(|(band, (&x, &y))| LedgerRow {
+            band: band.clone(),
+            a_ms_per_token: x,
+            b_ms_per_token: y,
+            gap_ms_per_token: y - x,
+            ratio: if x > 0.0 { y / x } else { f64::NAN },
+        })
+        .collect();
+    rows.sort_by(|p, q| {
+        q.gap_ms_per_token
+            .abs()
+            .total_cmp(&p.gap_ms_per_token.abs())
+    });
+    rows
+}
+
+/// How to run an A/B.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AbConfig {
+    pub scenarios: Vec<Work>,
+    /// Interleaved pairs per scenario (A B, then B A, ...).
+    pub pairs: u32,
+    pub gate: GateConfig,
+    pub tolerance: Tolerance,
+    /// The smallest change a verdict calls faster or slower (0.02 = 2 %).
+    pub min_effect: f64,
+    pub resamples: u32,
+    pub seed: u64,
+}
+
+/// One scenario's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioResult {
+    pub work: Work,
+    /// FUSED walls in interleaved order.
+    pub a_ms: Vec<f64>,
+    pub b_ms: Vec<f64>,
+    /// median B / median A, with its 95 % bootstrap interval.
+    pub ratio: f64,
+    pub ratio_lo: f64,
+    pub ratio_hi: f64,
+    pub verdict: Verdict,
+    /// A's even-numbered runs against its odd-numbered ones: must show no change.
+    pub control_ratio: f64,
+    pub control_lo: f64,
+    pub control_hi: f64,
+    pub control_verdict: Verdict,
+    pub correctness: Correctness,
+    /// Band ms/token of each side (TIMED share x median FUSED / tokens), sorted by gap.
+    pub ledger: Vec<LedgerRow>,
+    pub gate: GateStats,
+}
+
+fn band_ms(
+    engine: &mut dyn Engine,
+    rules: &BandRules,
+    arch: &ArchInfo,
+    graph: &[crate::node::NodeInfo],
+    fused_ms: f64,
+    tokens: u32,
+) -> Result<Vec<f64>, EngineError> {
+    let t = engine.run(Mode::Timed)?;
+    let a = Categoriser::new(rules, arch).categorise(graph);
+    let total: f64 = t.node_us.iter().sum();
+    Ok(rules
+        .bands
+        .iter()
+        .map(|b| {
+            let us: f64 = t
+                .node_us
+                .iter()
+                .zip(&a)
+                .filter(|(_, x)| x.band == b.name)
+                .map(|(u, _)| u)
+                .sum();
+            if total > 0.0 {
+                us / total * fused_ms / tokens.max(1) as f64
+            } else {
+                0.0
+            }
+        })
+        .collect())
+}
+
+/// Runs every scenario on both engines, interleaved; `progress(done, total, what)`.
+pub fn run_ab(
+    a: &mut dyn Engine,
+    b: &mut dyn Engine,
+    cfg: &AbConfig,
+    rules: &BandRules,
+    arch: &ArchInfo,
+    progress: &mut dyn FnMut(u32, u32, &str),
+) -> Result<Vec<ScenarioResult>, EngineError> {
+    let mut out = Vec::new();
+    let total = cfg.scenarios.len() as u32 * cfg.pairs;
+    for (si, work) in cfg.scenarios.iter().enumerate() {
+        let label = if work.is_decode() {
+            format!(
+                "decode {}x{} at {}",
+                work.decode_tokens, work.parallel, work.depth_tokens
+            )
+        } else {
+            format!("prefill {} at {}", work.chunk_tokens, work.depth_tokens)
+        };
+        a.prepare(work)?;
+        b.prepare(work)?;
+        let graph_a = a.graph()?;
+        let graph_b = b.graph()?;
+        // warm-up, and the outputs of the correctness gate
+        a.run(Mode::Fused)?;
+        let logits_a = a.logits()?;
+        b.run(Mode::Fused)?;
+        let logits_b = b.logits()?;
+        let correctness = compare_logits(&logits_a, &logits_b, &cfg.tolerance);
+        let mut gate = GateStats::default();
+        let (mut a_ms, mut b_ms) = (Vec::new(), Vec::new());
+        for p in 0..cfg.pairs {
+            progress(si as u32 * cfg.pairs + p, total, &label);
+            let order: [bool; 2] = if p % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            };
+            for is_a in order {
+                let engine: &mut dyn Engine = if is_a { &mut *a } else { &mut *b };
+                let r = gated(&cfg.gate, &mut gate, || engine.run(Mode::Fused))?;
+                if is_a {
+                    a_ms.push(r.wall_ms);
+                } else {
+                    b_ms.push(r.wall_ms);
+                }
+            }
+        }
+        let seed = cfg.seed ^ si as u64;
+        let (ratio, lo, hi) = ratio_ci(&a_ms, &b_ms, cfg.resamples, seed)
+            .ok_or_else(|| EngineError::Failed("no measured pair".into()))?;
+        let even: Vec<f64> = a_ms.iter().step_by(2).copied().collect();
+        let odd: Vec<f64> = a_ms.iter().skip(1).step_by(2).copied().collect();
+        let (c_ratio, c_lo, c_hi) =
+            ratio_ci(&even, &odd, cfg.resamples, seed ^ 0xC0).unwrap_or((1.0, 0.0, f64::INFINITY));
+        let med = |v: &[f64]| Sample::new(v).map(|s| s.median()).unwrap_or(0.0);
+        let tokens = work.tokens_per_run();
+        let bands_a = band_ms(a, rules, arch, &graph_a, med(&a_ms), tokens)?;
+        let bands_b = band_ms(b, rules, arch, &graph_b, med(&b_ms), tokens)?;
+        let names: Vec<String> = rules.bands.iter().map(|x| x.name.clone()).collect();
+        out.push(ScenarioResult {
+            work: work.clone(),
+            ratio,
+            ratio_lo: lo,
+            ratio_hi: hi,
+            verdict: Verdict::of(lo, hi, cfg.min_effect),
+            control_ratio: c_ratio,
+            control_lo: c_lo,
+            control_hi: c_hi,
+            control_verdict: Verdict::of(c_lo, c_hi, cfg.min_effect),
+            correctness,
+            ledger: ledger(&names, &bands_a, &bands_b),
+            gate,
+            a_ms,
+            b_ms,
+        });
+    }
+    progress(total, total, "done");
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knobs_parse_validate_and_diff() {
+        let a: Knobs = "threads=2, flash_attn=on".parse().unwrap();
+        let b: Knobs = "threads=1,flash_attn=on,ubatch=256".parse().unwrap();
+        assert_eq!(a.to_string(), "flash_attn=on,threads=2");
+        assert_eq!(b.differences(&a), vec!["threads", "ubatch"]);
+        assert_eq!(
+            b.reverted("ubatch", &a).to_string(),
+            "flash_attn=on,threads=1"
+        );
+        assert!(matches!(
+            "speed=max".parse::<Knobs>(),
+            Err(KnobError::Unknown(_))
+        ));
+        let e = "type_k=q9".parse::<Knobs>().unwrap_err();
+        assert!(
+            e.to_string().contains("type_k=q9") && e.to_string().contains("q8_0"),
+            "{e}"
+        );
+        assert!(matches!(
+            "threads".parse::<Knobs>(),
+            Err(KnobError::Syntax(_))
+        ));
+        assert_eq!("".parse::<Knobs>().unwrap().to_string(), "defaults");
+    }
+
+    #[test]
+    fn verdicts_follow_the_interval() {
+        assert_eq!(Verdict::of(0.90, 0.95, 0.02), Verdict::Faster);
+        assert_eq!(Verdict::of(1.05, 1.10, 0.02), Verdict::Slower);
+        assert_eq!(Verdict::of(0.99, 1.01, 0.02), Verdict::NoChange);
+        assert_eq!(Verdict::of(0.95, 1.01, 0.02), Verdict::WithinNoise);
+    }
+
+    #[test]
+    fn bootstrap_brackets_a_clear_speed_up() {
+        // B is 20 % faster with ±2 % noise: ratio 0.8, interval well below 0.98
+        let a: Vec<f64> = (0..12).map(|i| 100.0 + (i % 3) as f64).collect();
+        let b: Vec<f64> = a.iter().map(|x| x * 0.8).collect();
+        let (r, lo, hi) = ratio_ci(&a, &b, 2000, 7).unwrap();
+        assert!((r - 0.8).abs() < 1e-12);
+        assert!(lo <= r && r <= hi && hi < 0.98, "{lo} {hi}");
+        assert_eq!(Verdict::of(lo, hi, 0.02), Verdict::Faster);
+        // same seed, same interval
+        assert_eq!(ratio_ci(&a, &b, 2000, 7), ratio_ci(&a, &b, 2000, 7));
+    }
+
+    #[test]
+    fn correctness_gate_by_hand() {
+        let tol = Tolerance::default();
+        let a = vec![vec![1.0f32, 5.0, 2.0]];
+        let same = compare_logits(&a, &a, &tol);
+        assert!(same.passed && same.max_rel_error == 0.0 && same.same_top1 == 1);
+        // a 1 % nudge keeps the top token and passes
+        let b = vec![vec![1.05f32, 5.0, 2.0]];
+        let near = compare_logits(&a, &b, &tol);
+        assert!(near.passed, "{near:?}");
+        assert!((near.max_rel_error - 0.01).abs() < 1e-6);
+        // a different greedy token fails whatever the error
+        let c = vec![vec![1.0f32, 5.0, 5.1]];
+        let other = compare_logits(&a, &c, &tol);
+        assert!(!other.passed && other.same_top1 == 0);
+    }
+
+    #[test]
+    fn ledger_sorts_by_gap() {
+        let bands = vec!["attention".to_string(), "moe".into(), "other".into()];
+        let rows = ledger(&bands, &[1.0, 4.0, 0.5], &[1.2, 3.0, 0.5]);
+        assert_eq!(rows[0].band, "moe");
+        assert!((rows[0].gap_ms_per_token + 1.0).abs() < 1e-12);
+        assert_eq!(rows[1].band, "attention");
+        assert_eq!(rows[2].gap_ms_per_token, 0.0);
+    }
+}
