@@ -267,15 +267,8 @@ pub fn ab_text(r: &AbReport) -> String {
     let _ = writeln!(out, "A (baseline): {}\nB (candidate): {}\n", r.a, r.b);
     let _ = writeln!(
         out,
-        "{:<22} {:>10} {:>10} {:>7} {:>17} {:<13} {:>28} {}",
-        "scenario",
-        "A ms",
-        "B ms",
-        "B/A",
-        "95 % interval",
-        "verdict",
-        "control: A vs A (halves)",
-        "output"
+        "{:<22} {:>10} {:>10} {:>7} {:>17} {:<13} {:>28} output",
+        "scenario", "A ms", "B ms", "B/A", "95 % interval", "verdict", "control: A vs A (halves)",
     );
     let med = |v: &[f64]| opledger_core::stats::median(v).unwrap_or(0.0);
     for s in &r.scenarios {
