@@ -15,3 +15,4 @@ pub mod run_folder;
 pub mod stats;
 pub mod system;
 pub mod tokens;
+pub mod waste;
