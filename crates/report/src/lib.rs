@@ -7,6 +7,7 @@ pub mod census;
 pub mod nodes;
 pub mod profile;
 mod table;
+pub mod waste;
 
 pub use nodes::nodes_csv;
 pub use profile::{bands_csv, profile_markdown, profile_text};
