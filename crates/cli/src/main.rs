@@ -23,6 +23,8 @@ enum Command {
     Graph(opledger::cmd::graph::GraphArgs),
     /// Re-render a stored run from its raw data, without measuring again.
     Report(opledger::cmd::report::ReportArgs),
+    /// Find the rows a graph computes that no output reads, and the time spent on them.
+    Waste(opledger::cmd::waste::WasteArgs),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +34,7 @@ fn main() -> ExitCode {
         Command::Profile(a) => opledger::cmd::profile::run(a),
         Command::Graph(a) => opledger::cmd::graph::run(a),
         Command::Report(a) => opledger::cmd::report::run(a),
+        Command::Waste(a) => opledger::cmd::waste::run(a),
     };
     match result {
         Ok(code) => code,

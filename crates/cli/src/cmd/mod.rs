@@ -5,3 +5,4 @@ pub mod graph;
 pub mod profile;
 pub mod report;
 pub mod synth;
+pub mod waste;
