@@ -624,6 +624,9 @@ pub struct WasteSummary {
     /// Range of the per-cycle values of the same formula.
     pub wasted_ms_per_token_min: f64,
     pub wasted_ms_per_token_max: f64,
+    /// The wasted share from each node's fastest TIMED time over the cycles: on a busy machine,
+    /// where a few stalls inflate small nodes, the least disturbed estimate, as a cross-check.
+    pub wasted_share_of_minimums: f64,
     /// Throughput gain if the rows nobody reads were not computed: 1 / (1 - share) - 1.
     pub gain_if_trimmed: f64,
     pub kept: KeptCounts,
@@ -711,6 +714,20 @@ pub fn summarise(
         .collect();
     let per_cycle =
         Sample::new(&per_cycle).map_err(|_| WasteError::BadSample("wasted ms/token".into()))?;
+    let minimums: Vec<f64> = (0..n)
+        .map(|i| {
+            raw.cycles
+                .iter()
+                .map(|c| c.node_us[i])
+                .fold(f64::INFINITY, f64::min)
+        })
+        .collect();
+    let min_total: f64 = minimums.iter().sum();
+    let wasted_share_of_minimums = if min_total > 0.0 {
+        (0..n).map(|i| minimums[i] * unneeded[i]).sum::<f64>() / min_total
+    } else {
+        0.0
+    };
 
     let layers_of = effective_layers(&raw.graph);
     let mut band_order: Vec<&str> = band_order.to_vec();
@@ -821,6 +838,7 @@ pub fn summarise(
         wasted_ms_per_token: per_ms(wasted_total),
         wasted_ms_per_token_min: per_cycle.min(),
         wasted_ms_per_token_max: per_cycle.max(),
+        wasted_share_of_minimums,
         gain_if_trimmed: if wasted_share < 1.0 {
             1.0 / (1.0 - wasted_share) - 1.0
         } else {
@@ -1364,6 +1382,7 @@ mod tests {
             s.gain_if_trimmed,
             1.0 / (1.0 - wasted_us / 165.0) - 1.0
         ));
+        assert!(close(s.wasted_share_of_minimums, s.wasted_share));
         let moe = s.bands.iter().find(|b| b.band == "moe").unwrap();
         assert!(close(moe.wasted_share_of_band, 7.0 / 8.0));
         assert_eq!(moe.nodes, 3);
