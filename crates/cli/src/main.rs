@@ -30,6 +30,8 @@ enum Command {
     Discover(opledger::cmd::ab::DiscoverArgs),
     /// Re-render a stored run from its raw data, without measuring again.
     Report(opledger::cmd::report::ReportArgs),
+    /// Find the rows a graph computes that no output reads, and the time spent on them.
+    Waste(opledger::cmd::waste::WasteArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
         Command::Ab(a) => opledger::cmd::ab::run_ab(a),
         Command::Discover(a) => opledger::cmd::ab::run_discover(a),
         Command::Report(a) => opledger::cmd::report::run(a),
+        Command::Waste(a) => opledger::cmd::waste::run(a),
     };
     match result {
         Ok(code) => code,

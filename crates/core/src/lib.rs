@@ -19,3 +19,4 @@ pub mod stats;
 pub mod sweep;
 pub mod system;
 pub mod tokens;
+pub mod waste;

@@ -8,6 +8,7 @@ pub mod nodes;
 pub mod profile;
 pub mod sweep;
 mod table;
+pub mod waste;
 
 pub use nodes::nodes_csv;
 pub use profile::{bands_csv, profile_markdown, profile_text};

@@ -7,3 +7,4 @@ pub mod profile;
 pub mod report;
 pub mod sweep;
 pub mod synth;
+pub mod waste;

@@ -1,0 +1,210 @@
+//! `opledger waste`: the rows of every node that nothing kept reads (the requested logits, cache
+//! writes) and the time spent on them, from a fresh profile on llama.cpp or a stored profile run,
+//! written to a run folder.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use opledger_core::engine::Work;
+use opledger_core::manifest::Manifest;
+use opledger_core::profile::{node_medians_us, ProfileConfig, ProfileRaw};
+use opledger_core::run_folder::{fresh_run_path, open_complete, read_json, RunFolder};
+use opledger_core::waste::{self, WasteSummary};
+
+use super::common::{utc_stamp, ModelArgs};
+use super::profile::load_rules;
+
+#[derive(Args)]
+pub struct WasteArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Tokens in the measured chunk (one ubatch).
+    #[arg(short = 'p', long, default_value_t = 512)]
+    pub chunk: u32,
+    /// Tokens already in the context (filled untimed before measuring).
+    #[arg(short = 'd', long, default_value_t = 0)]
+    pub depth: u32,
+    /// Measured cycles (each: FUSED, FUSED with the instrument, TIMED).
+    #[arg(short = 'r', long, default_value_t = 3)]
+    pub cycles: u32,
+    /// Unmeasured warm-up cycles.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u32,
+    /// Request logits for every token of the chunk (default: the last one, as llama-bench).
+    #[arg(long)]
+    pub all_logits: bool,
+    /// Seed of the filler token ids.
+    #[arg(long, default_value_t = 0)]
+    pub token_seed: u64,
+    /// A band rule set (TOML) instead of the built-in one (or the stored run's).
+    #[arg(long)]
+    pub bands: Option<PathBuf>,
+    /// Analyse a stored profile run folder (its raw.json and manifest.json) instead of measuring.
+    #[arg(long, conflicts_with_all = ["model", "chunk", "depth", "cycles", "warmup", "all_logits", "token_seed", "threads"])]
+    pub run: Option<PathBuf>,
+    /// Nodes to list in the terminal table (0: all; every node is in nodes.csv).
+    #[arg(long, default_value_t = 15)]
+    pub top: usize,
+    /// The run folder to write (default: runs/<time>-waste-<model>); never overwritten.
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Print the summary as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// Derives the waste summary and its renderings from raw data, handing each file to `emit`.
+pub fn render_waste(
+    m: &Manifest,
+    raw: &ProfileRaw,
+    source_run: Option<String>,
+    top: usize,
+    mut emit: impl FnMut(&str, &[u8]) -> Result<()>,
+) -> Result<WasteSummary> {
+    let (assignments, needs, mut summary) =
+        waste::analyse(raw, &m.band_rules, &m.model.arch).context("analysing the graph")?;
+    summary.source_run = source_run;
+    let mut json = serde_json::to_vec_pretty(&summary)?;
+    json.push(b'\n');
+    emit("summary.json", &json)?;
+    emit(
+        "table.txt",
+        opledger_report::waste::waste_text(m, &summary, top).as_bytes(),
+    )?;
+    emit(
+        "summary.md",
+        opledger_report::waste::waste_markdown(m, &summary).as_bytes(),
+    )?;
+    emit(
+        "nodes.csv",
+        opledger_report::waste::waste_nodes_csv(
+            &raw.graph,
+            &assignments,
+            &needs,
+            &node_medians_us(raw),
+        )?
+        .as_bytes(),
+    )?;
+    Ok(summary)
+}
+
+/// The manifest and raw data of a stored profile run, re-labelled as this waste run.
+fn from_stored(dir: &Path, bands: Option<&Path>) -> Result<(Manifest, ProfileRaw)> {
+    let dir = open_complete(dir)?;
+    let mut m: Manifest = read_json(&dir.join("manifest.json"))?;
+    if m.command != "profile" && m.command != "waste" {
+        bail!(
+            "{}: a '{}' run; waste reads profile (or waste) runs",
+            dir.display(),
+            m.command
+        );
+    }
+    let raw: ProfileRaw = read_json(&dir.join("raw.json"))?;
+    if let Some(p) = bands {
+        m.band_rules = load_rules(Some(p), &m.model.arch.arch)?;
+    }
+    m.command = "waste".into();
+    m.tool = format!("opledger {}", env!("CARGO_PKG_VERSION"));
+    m.args = std::env::args().collect();
+    m.created_utc = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    Ok((m, raw))
+}
+
+/// Profiles the model (as `profile` does) and returns the manifest and raw data.
+#[cfg(feature = "llama")]
+fn measured(args: &WasteArgs, model_path: &Path) -> Result<(Manifest, ProfileRaw)> {
+    use opledger_core::engine::Engine;
+    let file = crate::model_file::ModelFile::open(model_path)?;
+    let rules = load_rules(args.bands.as_deref(), &file.arch.arch)?;
+    let cfg = ProfileConfig {
+        work: Work {
+            chunk_tokens: args.chunk,
+            depth_tokens: args.depth,
+            all_logits: args.all_logits,
+            token_seed: args.token_seed,
+        },
+        cycles: args.cycles,
+        warmup: args.warmup,
+        overhead_pairs: 0,
+    };
+    let mut model_args = args.model.clone();
+    model_args.model = Some(model_path.to_path_buf());
+    let mut engine = super::common::load_llama(&model_args, false)?;
+    let bar = crate::progress::steps_bar(args.quiet || args.json);
+    let raw = opledger_core::profile::measure(&mut engine, &cfg, &mut |phase, done, total| {
+        bar.set_message(phase.to_string());
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })
+    .context("measuring")?;
+    bar.finish_and_clear();
+    let m = super::profile::manifest("waste", &file, model_path, engine.info(), &rules)?;
+    Ok((m, raw))
+}
+
+#[cfg(not(feature = "llama"))]
+fn measured(_: &WasteArgs, _: &Path) -> Result<(Manifest, ProfileRaw)> {
+    bail!(
+        "this opledger was built without the llama.cpp engine (feature `llama`): \
+         analyse a stored run with --run RUN"
+    )
+}
+
+pub fn run(args: WasteArgs) -> Result<ExitCode> {
+    if args.chunk == 0 || args.cycles == 0 {
+        bail!("--chunk and --cycles must be at least 1");
+    }
+    let (label, model_path) = match &args.run {
+        Some(dir) => (
+            dir.file_name()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "run".into()),
+            None,
+        ),
+        None => {
+            let p = args.model.path()?;
+            let label = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into());
+            (label, Some(p))
+        }
+    };
+    let out = args
+        .output
+        .clone()
+        .unwrap_or_else(|| fresh_run_path(Path::new("runs"), "waste", &label, &utc_stamp()));
+    // Create the folder first: a taken name fails before minutes of measuring.
+    let folder = RunFolder::create(&out)?;
+    let (m, raw, source) = match (&args.run, &model_path) {
+        (Some(dir), _) => {
+            let (m, raw) = from_stored(dir, args.bands.as_deref())?;
+            (m, raw, Some(dir.display().to_string()))
+        }
+        (None, Some(p)) => {
+            let (m, raw) = measured(&args, p)?;
+            (m, raw, None)
+        }
+        (None, None) => unreachable!("a model path is found when no run is given"),
+    };
+    folder.write_json("manifest.json", &m)?;
+    folder.write_json("raw.json", &raw)?;
+    let summary = render_waste(&m, &raw, source, args.top, |name, bytes| {
+        folder.write(name, bytes).map(|_| ()).map_err(Into::into)
+    })?;
+    let path = folder.finish()?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else if !args.quiet {
+        print!(
+            "{}",
+            opledger_report::waste::waste_text(&m, &summary, args.top)
+        );
+        println!("run folder: {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
