@@ -11,7 +11,7 @@ use opledger_core::engine::Work;
 use opledger_core::profile::{measure, ProfileConfig};
 use opledger_core::waste::{self, Kept, NodeNeed, WasteSummary};
 use opledger_gguf::{synthesize, SynthOptions};
-use opledger_llama::{FlashAttn, LlamaConfig, LlamaEngine};
+use opledger_llama::{LlamaConfig, LlamaEngine};
 
 const CHUNK: u32 = 64;
 const LAST_LAYER: u32 = 3;
@@ -33,25 +33,17 @@ fn analyse(
 ) {
     let file = ModelFile::open(path).unwrap();
     let rules = BandRules::builtin(&file.arch.arch).unwrap();
-    let mut engine = LlamaEngine::load(LlamaConfig {
-        model_path: path.to_path_buf(),
-        threads: 2,
-        flash_attn: FlashAttn::Auto,
-        gpu_layers: 0,
-        no_repack: false,
-        verbose: false,
-    })
-    .unwrap();
+    let mut engine = LlamaEngine::load(LlamaConfig::new(path, 2)).unwrap();
     let cfg = ProfileConfig {
         work: Work {
-            chunk_tokens: CHUNK,
-            depth_tokens: 0,
             all_logits,
             token_seed: 1,
+            ..Work::prefill(CHUNK, 0)
         },
         cycles: 1,
         warmup: 0,
         overhead_pairs: 0,
+        gate: Default::default(),
     };
     let raw = measure(&mut engine, &cfg, &mut |_, _, _| {}).unwrap();
     let (_, needs, summary) = waste::analyse(&raw, &rules, &file.arch).unwrap();

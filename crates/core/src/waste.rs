@@ -945,12 +945,7 @@ mod tests {
     }
 
     fn last_only(tokens: u32) -> Work {
-        Work {
-            chunk_tokens: tokens,
-            depth_tokens: 0,
-            all_logits: false,
-            token_seed: 0,
-        }
+        Work::prefill(tokens, 0)
     }
 
     /// (needed, rows) of every node.
@@ -1338,6 +1333,7 @@ mod tests {
                 cycles: times.len() as u32,
                 warmup: 0,
                 overhead_pairs: 0,
+                gate: Default::default(),
             },
             graph,
             cycles: times
@@ -1348,10 +1344,12 @@ mod tests {
                     fused_observed_ms: fused_ms,
                     timed_wall_ms: fused_ms,
                     node_us: t.to_vec(),
+                    isolation_us: None,
                 })
                 .collect(),
             output_hashes: BTreeMap::new(),
             overhead_pairs: vec![],
+            gate: Default::default(),
         }
     }
 

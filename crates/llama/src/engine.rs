@@ -40,6 +40,24 @@ pub struct LlamaConfig {
     pub verbose: bool,
 }
 
+impl LlamaConfig {
+    /// Defaults for `model_path` on `threads` threads: CPU, flash attention auto, weights
+    /// repacked, the whole chunk one ubatch, F16 KV cache, llama.cpp's log captured.
+    pub fn new(model_path: impl Into<PathBuf>, threads: u32) -> LlamaConfig {
+        LlamaConfig {
+            model_path: model_path.into(),
+            threads,
+            flash_attn: FlashAttn::Auto,
+            gpu_layers: 0,
+            no_repack: false,
+            ubatch: None,
+            type_k: None,
+            type_v: None,
+            verbose: false,
+        }
+    }
+}
+
 /// A graph described without running the model, and what had to be computed to get it.
 #[derive(Debug, Clone)]
 pub struct GraphCapture {

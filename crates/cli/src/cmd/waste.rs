@@ -122,14 +122,14 @@ fn measured(args: &WasteArgs, model_path: &Path) -> Result<(Manifest, ProfileRaw
     let rules = load_rules(args.bands.as_deref(), &file.arch.arch)?;
     let cfg = ProfileConfig {
         work: Work {
-            chunk_tokens: args.chunk,
-            depth_tokens: args.depth,
             all_logits: args.all_logits,
             token_seed: args.token_seed,
+            ..Work::prefill(args.chunk, args.depth)
         },
         cycles: args.cycles,
         warmup: args.warmup,
         overhead_pairs: 0,
+        gate: Default::default(),
     };
     let mut model_args = args.model.clone();
     model_args.model = Some(model_path.to_path_buf());
