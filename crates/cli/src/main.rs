@@ -23,6 +23,9 @@ enum Command {
     Sweep(opledger::cmd::sweep::SweepArgs),
     /// The census of the graph llama.cpp computes for a chunk, checked against the architecture.
     Graph(opledger::cmd::graph::GraphArgs),
+    /// Time every distinct op of the graph alone (expert matmuls under three routings) against
+    /// the in-graph band times.
+    Ops(opledger::cmd::ops::OpsArgs),
     /// Compare two runtime configurations interleaved: ratio with a confidence interval, a
     /// control, ablations and a correctness gate.
     Ab(opledger::cmd::ab::AbArgs),
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Command::Profile(a) => opledger::cmd::profile::run(a),
         Command::Sweep(a) => opledger::cmd::sweep::run(a),
         Command::Graph(a) => opledger::cmd::graph::run(a),
+        Command::Ops(a) => opledger::cmd::ops::run(a),
         Command::Ab(a) => opledger::cmd::ab::run_ab(a),
         Command::Discover(a) => opledger::cmd::ab::run_discover(a),
         Command::Report(a) => opledger::cmd::report::run(a),

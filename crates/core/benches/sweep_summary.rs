@@ -55,6 +55,7 @@ fn graph(layers: u32, nodes: usize) -> Vec<NodeInfo> {
                     size_bytes: 0,
                     is_weight: weight,
                     producer,
+                    nb: [0; 4],
                 };
                 let mut srcs = Vec::new();
                 if !w.is_empty() {
@@ -73,6 +74,8 @@ fn graph(layers: u32, nodes: usize) -> Vec<NodeInfo> {
                     is_view: is_view_op(op),
                     inplace: false,
                     skipped: false,
+                    op_code: None,
+                    op_params: Vec::new(),
                 });
                 if g.len() == nodes {
                     return g;

@@ -371,6 +371,7 @@ mod tests {
             size_bytes: 4,
             is_weight: weight,
             producer,
+            nb: [0; 4],
         })
     }
 
@@ -385,6 +386,8 @@ mod tests {
             is_view: crate::node::is_view_op(op),
             inplace: false,
             skipped: false,
+            op_code: None,
+            op_params: Vec::new(),
         }
     }
 

@@ -13,6 +13,7 @@ pub mod memory;
 pub mod mock;
 pub mod node;
 pub mod noise;
+pub mod ops;
 pub mod profile;
 pub mod run_folder;
 pub mod stats;

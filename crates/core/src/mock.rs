@@ -42,6 +42,7 @@ impl MockEngine {
                     size_bytes: 64 * 68,
                     is_weight: true,
                     producer: None,
+                    nb: [0; 4],
                 }));
             }
             if i > 0 {
@@ -52,6 +53,7 @@ impl MockEngine {
                     size_bytes: 64 * 8 * 4,
                     is_weight: false,
                     producer: Some(i as u32 - 1),
+                    nb: [0; 4],
                 }));
             }
             graph.push(NodeInfo {
@@ -66,11 +68,14 @@ impl MockEngine {
                     size_bytes: 64 * 8 * 4,
                     is_weight: false,
                     producer: None,
+                    nb: [0; 4],
                 },
                 srcs,
                 is_view: is_view_op(op),
                 inplace: false,
                 skipped: false,
+                op_code: None,
+                op_params: Vec::new(),
             });
         }
         MockEngine {

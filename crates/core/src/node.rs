@@ -25,6 +25,9 @@ pub struct TensorDesc {
     /// True when the tensor lives in a model-weights buffer.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub is_weight: bool,
+    /// Strides in bytes (`nb`), for re-creating the tensor's layout (views are not contiguous).
+    #[serde(default, skip_serializing_if = "is_zero4")]
+    pub nb: [u64; 4],
     /// The index of the graph node that computes this tensor; `None` for weights, inputs and
     /// caches (leaves of the graph).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -41,6 +44,10 @@ impl TensorDesc {
         let dims: Vec<String> = self.ne[..n].iter().map(|d| d.to_string()).collect();
         format!("[{}]", dims.join(","))
     }
+}
+
+fn is_zero4(v: &[u64; 4]) -> bool {
+    v.iter().all(|&x| x == 0)
 }
 
 /// One node of a compute graph, in the common schema every engine reports.
@@ -67,6 +74,12 @@ pub struct NodeInfo {
     /// `ggml_build_forward_select`, such as llama.cpp's mixed-batch input path).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub skipped: bool,
+    /// The engine's own op code and parameters (ggml's `op` and `op_params`, trailing zeros
+    /// dropped), so one node can be rebuilt and timed alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op_code: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub op_params: Vec<i32>,
 }
 
 impl NodeInfo {
@@ -271,6 +284,7 @@ mod tests {
             size_bytes: 0,
             is_weight: false,
             producer: None,
+            nb: [0; 4],
         };
         assert_eq!(t.shape_string(), "[2048,512]");
     }

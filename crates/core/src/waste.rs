@@ -903,6 +903,7 @@ mod tests {
             size_bytes: 4 * ne.iter().product::<i64>() as u64,
             is_weight: false,
             producer: None,
+            nb: [0; 4],
         }
     }
 
@@ -916,6 +917,7 @@ mod tests {
                             let p = &self.0[*i as usize];
                             TensorDesc {
                                 producer: Some(*i),
+                                nb: [0; 4],
                                 ..desc(&p.out.name, p.out.ne)
                             }
                         }
@@ -939,6 +941,8 @@ mod tests {
                 is_view,
                 inplace: op == "SET_ROWS" || op == "CPY",
                 skipped: false,
+                op_code: None,
+                op_params: Vec::new(),
             });
             index
         }

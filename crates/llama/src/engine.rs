@@ -397,6 +397,39 @@ impl LlamaEngine {
         ))
     }
 
+    /// The expert ids every MUL_MAT_ID node of the prepared chunk routes in a real (TIMED) run:
+    /// (node index, ids `[n_used, n_tokens]`).
+    pub fn capture_routing(&mut self) -> Result<Vec<(u32, Vec<i32>)>, EngineError> {
+        self.context(Mode::Timed)?.observer_mut()?.capture_ids = true;
+        let run = self.run(Mode::Timed);
+        let obs = self.context(Mode::Timed)?.observer_mut()?;
+        obs.capture_ids = false;
+        let ids = std::mem::take(&mut obs.ids);
+        run?;
+        Ok(ids)
+    }
+
+    /// Times one node of the captured graph alone on this engine's thread pool (see
+    /// [`crate::optime`]); weights repacked as the model's are.
+    pub fn time_node(
+        &self,
+        node: &NodeInfo,
+        routing: Option<&[i32]>,
+        reps: u32,
+        rotate_bytes: u64,
+    ) -> Result<crate::optime::OpTime, LlamaError> {
+        crate::optime::time_node(
+            &self.pool,
+            node,
+            routing,
+            &crate::optime::OpTimeConfig {
+                repack: !self.cfg.no_repack,
+                rotate_bytes,
+                reps,
+            },
+        )
+    }
+
     /// The graph llama.cpp computes for `work`, described without running the model: one
     /// instrumented context answers "no" to every ask (so the scheduler asks about every node of
     /// the split before computing it) and llama.cpp's abort callback stops the computation after

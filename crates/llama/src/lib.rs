@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod model;
 pub mod observer;
+pub mod optime;
 
 pub use backend::Backend;
 pub use context::{Context, ContextParams, FlashAttn, KvType, ThreadPool};

@@ -39,6 +39,10 @@ pub(crate) struct Observer {
     pub ops: Vec<u32>,
     t_ask: Option<Instant>,
     pub panic: Option<String>,
+    /// In TIMED mode, copy the expert ids each MUL_MAT_ID node reads (its `src[2]`,
+    /// `[n_used, n_tokens]`): (node index, ids).
+    pub capture_ids: bool,
+    pub ids: Vec<(u32, Vec<i32>)>,
 }
 
 impl Observer {
@@ -52,6 +56,8 @@ impl Observer {
             ops: Vec::new(),
             t_ask: None,
             panic: None,
+            capture_ids: false,
+            ids: Vec::new(),
         }
     }
 
@@ -65,6 +71,7 @@ impl Observer {
         self.ops.clear();
         self.t_ask = None;
         self.panic = None;
+        self.ids.clear();
     }
 
     fn on_eval(&mut self, t: &sys::ggml_tensor, ask: bool) -> bool {
@@ -80,8 +87,14 @@ impl Observer {
                     .take()
                     .map(|t0| t0.elapsed().as_nanos() as u64)
                     .unwrap_or(0);
+                let index = self.timed_ns.len() as u32;
                 self.timed_ns.push(ns);
                 self.ops.push(t.op);
+                if self.capture_ids && t.op == sys::GGML_OP_MUL_MAT_ID {
+                    if let Some(ids) = read_ids(t) {
+                        self.ids.push((index, ids));
+                    }
+                }
                 true
             }
             (ObserveMode::Count, true) => {
@@ -135,6 +148,33 @@ pub(crate) unsafe extern "C" fn eval_trampoline(
     }
 }
 
+/// The expert ids a MUL_MAT_ID node read (`src[2]`, I32 `[n_used, n_tokens]`, possibly strided),
+/// copied out row by row. `None` when the tensor is not what is expected.
+fn read_ids(t: &sys::ggml_tensor) -> Option<Vec<i32>> {
+    let ids = t.src[2];
+    if ids.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null source of the node just computed is a live, computed tensor.
+    let ids = unsafe { &*ids };
+    if ids.type_ != sys::GGML_TYPE_I32 || ids.buffer.is_null() || ids.ne[2] != 1 || ids.ne[3] != 1 {
+        return None;
+    }
+    let (n_used, n_tokens) = (ids.ne[0].max(0) as usize, ids.ne[1].max(0) as usize);
+    if ids.nb[0] != 4 {
+        return None;
+    }
+    let mut out = vec![0i32; n_used * n_tokens];
+    for (row, dst) in out.chunks_exact_mut(n_used.max(1)).enumerate() {
+        // SAFETY: the row lies inside the tensor (row < ne[1], n_used x 4 bytes at stride
+        // nb[1]); dst holds exactly n_used i32 values.
+        unsafe {
+            sys::ggml_backend_tensor_get(ids, dst.as_mut_ptr().cast(), row * ids.nb[1], n_used * 4);
+        }
+    }
+    Some(out)
+}
+
 /// The description of one node in the common schema.
 fn describe_node(t: &sys::ggml_tensor, index: u32, producers: &HashMap<usize, u32>) -> NodeInfo {
     // SAFETY: ggml_op_desc reads only t's op fields and returns a static string.
@@ -168,6 +208,14 @@ fn describe_node(t: &sys::ggml_tensor, index: u32, producers: &HashMap<usize, u3
         srcs,
         inplace: !is_view && !t.view_src.is_null(),
         skipped: !is_view && (t.flags & sys::GGML_TENSOR_FLAG_COMPUTE as i32) == 0,
+        op_code: Some(t.op),
+        op_params: {
+            let mut p = t.op_params.to_vec();
+            while p.last() == Some(&0) {
+                p.pop();
+            }
+            p
+        },
         is_view,
         name,
         op,
@@ -194,6 +242,7 @@ fn describe_tensor(t: &sys::ggml_tensor) -> TensorDesc {
         size_bytes,
         is_weight,
         producer: None,
+        nb: t.nb.map(|v| v as u64),
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod census;
 pub mod nodes;
+pub mod ops;
 pub mod profile;
 pub mod sweep;
 mod table;

@@ -384,6 +384,7 @@ mod tests {
             size_bytes: 512,
             is_weight: false,
             producer: None,
+            nb: [0; 4],
         };
         let graph = vec![NodeInfo {
             index: 0,
@@ -395,6 +396,8 @@ mod tests {
             is_view: false,
             inplace: false,
             skipped: false,
+            op_code: None,
+            op_params: Vec::new(),
         }];
         let needs = vec![NodeNeed {
             token_dim: Some(1),

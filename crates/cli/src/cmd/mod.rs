@@ -3,6 +3,7 @@
 pub mod ab;
 pub mod common;
 pub mod graph;
+pub mod ops;
 pub mod profile;
 pub mod report;
 pub mod sweep;

@@ -18,7 +18,7 @@ use crate::error::GgufError;
 use crate::types::GgmlType;
 use crate::writer::GgufWriter;
 
-pub use fill::{block_scales, FLOAT_WEIGHT_RANGE};
+pub use fill::{block_scales, fill_chunk, tensor_rng, FLOAT_WEIGHT_RANGE};
 pub use plan::{plan, plan_for, Fill, ModelPlan, PlannedTensor, Role, GENERATED_TYPES};
 pub use preset::{
     preset, presets, Arch, LinearAttentionShape, Llama3Rope, MoeShape, Preset, LLAMA_31_8B,

@@ -1,0 +1,102 @@
+//! Renderers of standalone op timing: bands standalone (per routing) against in-graph, coverage
+//! per routing, the first-k undercount, and the expert matmuls' routings in detail.
+
+use std::fmt::Write as _;
+
+use opledger_core::ops::OpsSummary;
+
+use crate::table::{text_table, Align};
+
+pub fn ops_text(title: &str, s: &OpsSummary) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{title}\nchunk of {} tokens, FUSED wall {:.2} ms\n",
+        s.tokens, s.fused_ms
+    );
+    let routings: Vec<&str> = s.routings.iter().map(|r| r.name()).collect();
+    let mut header = vec!["band", "in-graph ms/token"];
+    let named: Vec<String> = routings.iter().map(|r| format!("alone, {r}")).collect();
+    header.extend(named.iter().map(String::as_str));
+    let mut rows: Vec<Vec<String>> = s
+        .bands
+        .iter()
+        .map(|b| {
+            let mut r = vec![b.band.clone(), format!("{:.4}", b.in_graph_ms_per_token)];
+            for name in &routings {
+                let v = b.standalone_ms_per_token.get(*name).copied().unwrap_or(0.0);
+                let delta = if b.in_graph_ms_per_token > 0.0 {
+                    format!(" ({:+.0} %)", (v / b.in_graph_ms_per_token - 1.0) * 100.0)
+                } else {
+                    String::new()
+                };
+                r.push(format!("{v:.4}{delta}"));
+            }
+            r
+        })
+        .collect();
+    let mut cov = vec!["coverage".to_string(), "100 %".to_string()];
+    for name in &routings {
+        cov.push(format!(
+            "{:.1} %",
+            s.coverage.get(*name).copied().unwrap_or(0.0) * 100.0
+        ));
+    }
+    rows.push(cov);
+    let mut align = vec![Align::Right; header.len()];
+    align[0] = Align::Left;
+    let _ = writeln!(out, "{}\n", text_table(&header, &align, &rows));
+    if let (Some(u), Some(m)) = (s.moe_first_k_undercount, &s.moe_band) {
+        let _ = writeln!(
+            out,
+            "first-k routing (every token on experts 0..k-1) puts the {m} band {:.1} % below captured routing\n",
+            u * 100.0
+        );
+    }
+    let expert: Vec<Vec<String>> = s
+        .rows
+        .iter()
+        .filter(|r| r.routing.is_some())
+        .map(|r| {
+            vec![
+                r.routing.map(|x| x.name().to_string()).unwrap_or_default(),
+                r.count.to_string(),
+                format!("{:.1}", r.median_us),
+                format!("{:.1}–{:.1}", r.min_us, r.max_us),
+                r.experts_touched.map(|e| e.to_string()).unwrap_or_default(),
+                r.expert_bytes
+                    .map(|b| format!("{:.1}", b as f64 / (1u64 << 20) as f64))
+                    .unwrap_or_default(),
+                r.signature.clone(),
+            ]
+        })
+        .collect();
+    if !expert.is_empty() {
+        let _ = writeln!(
+            out,
+            "expert matmuls alone, per call:\n{}",
+            text_table(
+                &[
+                    "routing",
+                    "calls",
+                    "median µs",
+                    "range",
+                    "experts",
+                    "MiB read",
+                    "output <- sources"
+                ],
+                &[
+                    Align::Left,
+                    Align::Right,
+                    Align::Right,
+                    Align::Right,
+                    Align::Right,
+                    Align::Right,
+                    Align::Left
+                ],
+                &expert
+            )
+        );
+    }
+    out
+}
