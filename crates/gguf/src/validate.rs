@@ -535,84 +535,116 @@ struct Expected {
     required: bool,
 }
 
-/// The tensors of `hp`'s model in the planner's order, from one or two plans (qwen35moe: one
-/// with every layer full attention, one with every layer linear, each layer taken from the
-/// plan of its kind).
-fn expected_tensors(file: &GgufFile, hp: &Hparams) -> Result<Vec<Expected>, GgufError> {
-    let arch = hp.arch.as_str();
-    let plan_of = |interval: u32| {
-        let mut opts = SynthOptions::new("validated-file");
-        // F32 fits every width; the file's own types are checked separately.
-        opts.expert_type = GgmlType::F32;
-        opts.dense_type = GgmlType::F32;
-        plan_for(&hp.preset(interval), &opts).map_err(|e| match e {
-            SynthError::Gguf(GgufError::DimsOverflow { name, dims, .. }) => {
-                GgufError::ImpliedShapeOverflow {
-                    path: file.path.clone(),
-                    name,
-                    arch: arch.to_string(),
-                    dims,
-                }
-            }
-            other => GgufError::BadKeyValue {
-                path: file.path.clone(),
-                key: format!("{arch}.*"),
-                detail: format!("the metadata describes a model llama.cpp cannot build: {other}"),
-            },
-        })
-    };
-    let full = plan_of(1)?;
-    let linear = match hp.linear_attention {
-        Some(_) => Some(plan_of(u32::MAX)?),
-        None => None,
-    };
+/// The tensors of a model in the planner's order, as templates: the global ones before and
+/// after the layers, and one layer of each kind with its names stripped of `blk.0.`. Layers
+/// differ only by their index and kind, so a one-layer plan per kind describes them all, and
+/// the work of the check grows with the file's tensors, not with its claimed layer count.
+struct Templates {
+    head: Vec<Expected>,
+    /// Full-attention layer (every layer of qwen3moe, qwen3, llama).
+    full: Vec<Expected>,
+    /// qwen35moe's delta-net layer.
+    linear: Vec<Expected>,
+    tail: Vec<Expected>,
+}
 
-    let n_layer = hp.n_layer as usize;
-    let mut head = Vec::new();
-    let mut layers: Vec<Vec<Expected>> = vec![Vec::new(); n_layer];
-    let mut tail = Vec::new();
-    // Global tensors come from the first plan, before (head) or after (tail) the layers.
-    let mut take = |plan: &crate::synth::ModelPlan, recurrent: bool| {
-        let mut past_layers = false;
-        for t in &plan.tensors {
-            let e = Expected {
-                name: t.name.clone(),
-                dims: t.dims.clone(),
-                required: true,
-            };
-            match layer_of(&t.name) {
-                Some(il) => {
-                    past_layers = true;
-                    if hp.recurrent.get(il).copied() == Some(recurrent) {
-                        if let Some(layer) = layers.get_mut(il) {
-                            layer.push(e);
-                        }
+impl Templates {
+    fn plan(file: &GgufFile, hp: &Hparams) -> Result<Templates, GgufError> {
+        let arch = hp.arch.as_str();
+        let plan_of = |interval: u32| {
+            let mut opts = SynthOptions::new("validated-file");
+            opts.layers = Some(1);
+            // F32 fits every width; the file's own types are checked separately.
+            opts.expert_type = GgmlType::F32;
+            opts.dense_type = GgmlType::F32;
+            plan_for(&hp.preset(interval), &opts).map_err(|e| match e {
+                SynthError::Gguf(GgufError::DimsOverflow { name, dims, .. }) => {
+                    GgufError::ImpliedShapeOverflow {
+                        path: file.path.clone(),
+                        name,
+                        arch: arch.to_string(),
+                        dims,
                     }
                 }
-                None if recurrent => {}
-                None if past_layers => tail.push(e),
-                None => head.push(e),
+                other => GgufError::BadKeyValue {
+                    path: file.path.clone(),
+                    key: format!("{arch}.*"),
+                    detail: format!(
+                        "the metadata describes a model llama.cpp cannot build: {other}"
+                    ),
+                },
+            })
+        };
+        let split = |plan: &crate::synth::ModelPlan| {
+            let (mut head, mut layer, mut tail) = (Vec::new(), Vec::new(), Vec::new());
+            for t in &plan.tensors {
+                let mut e = Expected {
+                    name: t.name.clone(),
+                    dims: t.dims.clone(),
+                    required: true,
+                };
+                if let Some(suffix) = t.name.strip_prefix("blk.0.") {
+                    e.name = suffix.to_string();
+                    layer.push(e);
+                } else if layer.is_empty() {
+                    head.push(e);
+                } else {
+                    tail.push(e);
+                }
             }
+            (head, layer, tail)
+        };
+        // qwen35moe: interval 1 makes the planned layer full attention, u32::MAX linear.
+        let (mut head, full, mut tail) = split(&plan_of(1)?);
+        let linear = match hp.linear_attention {
+            Some(_) => split(&plan_of(u32::MAX)?).1,
+            None => Vec::new(),
+        };
+        if hp.arch == Arch::Llama {
+            // llama: rope_freqs {n_rot / 2}, optional, shared by all layers.
+            head.push(Expected {
+                name: "rope_freqs.weight".into(),
+                dims: vec![u64::from(hp.n_rot / 2).max(1)],
+                required: false,
+            });
         }
-    };
-    take(&full, false);
-    if let Some(plan) = &linear {
-        take(plan, true);
+        // output.weight is TENSOR_NOT_REQUIRED everywhere: the head is tied to the embedding.
+        for e in tail.iter_mut().filter(|e| e.name == "output.weight") {
+            e.required = false;
+        }
+        Ok(Templates {
+            head,
+            full,
+            linear,
+            tail,
+        })
     }
 
-    let has = |name: &str| file.tensor(name).is_some();
-    for (il, layer) in layers.iter_mut().enumerate() {
+    /// Layer `il`'s tensors, with the alternatives llama.cpp accepts in place of the planned
+    /// ones where the file has them.
+    fn layer(&self, file: &GgufFile, hp: &Hparams, il: usize) -> Vec<Expected> {
+        let recurrent = hp.recurrent.get(il).copied().unwrap_or(false);
+        let template = if recurrent { &self.linear } else { &self.full };
+        let blk = |t: &str| format!("blk.{il}.{t}");
+        let mut layer: Vec<Expected> = template
+            .iter()
+            .map(|e| Expected {
+                name: blk(&e.name),
+                ..e.clone()
+            })
+            .collect();
+        let has = |name: &str| file.tensor(name).is_some();
         // create_tensor_qkv: a fused attn_qkv {E, q + k + v} replaces attn_q, attn_k, attn_v.
-        let blk = |t: &str| format!("blk.{il}.{t}.weight");
-        if has(&blk("attn_qkv")) && layer.iter().any(|e| e.name == blk("attn_q")) {
-            let parts = [blk("attn_q"), blk("attn_k"), blk("attn_v")];
-            fuse(layer, &parts, blk("attn_qkv"));
+        let q = blk("attn_q.weight");
+        if has(&blk("attn_qkv.weight")) && layer.iter().any(|e| e.name == q) {
+            let parts = [q, blk("attn_k.weight"), blk("attn_v.weight")];
+            fuse(&mut layer, &parts, blk("attn_qkv.weight"));
         }
         // create_tensor_gate_up_exps (qwen35moe): ffn_gate_up_exps {E, 2 ff, n} replaces both.
-        let gate = blk("ffn_gate_exps");
-        if hp.arch.supports_fused_gate_up() && has(&blk("ffn_gate_up_exps")) {
-            let parts = [gate.clone(), blk("ffn_up_exps")];
-            fuse(layer, &parts, blk("ffn_gate_up_exps"));
+        let gate = blk("ffn_gate_exps.weight");
+        if hp.arch.supports_fused_gate_up() && has(&blk("ffn_gate_up_exps.weight")) {
+            let parts = [gate.clone(), blk("ffn_up_exps.weight")];
+            fuse(&mut layer, &parts, blk("ffn_gate_up_exps.weight"));
         }
         // llama (Mixtral): ffn_gate_exps is TENSOR_NOT_REQUIRED.
         if hp.arch == Arch::Llama {
@@ -620,23 +652,8 @@ fn expected_tensors(file: &GgufFile, hp: &Hparams) -> Result<Vec<Expected>, Gguf
                 e.required = false;
             }
         }
+        layer
     }
-    if hp.arch == Arch::Llama {
-        // llama: rope_freqs {n_rot / 2}, optional, shared by all layers.
-        head.push(Expected {
-            name: "rope_freqs.weight".into(),
-            dims: vec![u64::from(hp.n_rot / 2).max(1)],
-            required: false,
-        });
-    }
-    // output.weight is TENSOR_NOT_REQUIRED everywhere: the head is tied to the embedding.
-    for e in tail.iter_mut().filter(|e| e.name == "output.weight") {
-        e.required = false;
-    }
-    let mut all = head;
-    all.extend(layers.into_iter().flatten());
-    all.extend(tail);
-    Ok(all)
 }
 
 /// Replaces the tensors `parts` of `layer` by one tensor `name` whose ne[1] is the sum of
@@ -662,30 +679,27 @@ fn fuse(layer: &mut Vec<Expected>, parts: &[String], name: String) {
     layer.retain(|e| !parts.contains(&e.name));
 }
 
-/// The layer of `blk.N.…`.
-fn layer_of(name: &str) -> Option<usize> {
-    let rest = name.strip_prefix("blk.")?;
-    rest.split('.').next()?.parse().ok()
-}
-
 /// Shapes as ggml compares them: four dims, missing ones 1.
 fn same_shape(a: &[u64], b: &[u64]) -> bool {
     (0..4).all(|i| a.get(i).copied().unwrap_or(1) == b.get(i).copied().unwrap_or(1))
 }
 
-/// Every tensor the arch loads present with the shape the metadata implies. Returns how many
-/// were found; tensors of the file that the plan does not list go into a note.
+/// Every tensor the arch loads present with the shape the metadata implies, in the planner's
+/// order (global tensors, layer by layer, global tensors); the first one missing or of another
+/// shape is the error. Returns how many were found; tensors of the file that the plan does
+/// not list go into a note.
 fn check_tensors(
     file: &GgufFile,
     hp: &Hparams,
     notes: &mut Vec<String>,
 ) -> Result<usize, GgufError> {
     let arch = hp.arch.as_str();
-    let expected = expected_tensors(file, hp)?;
+    let templates = Templates::plan(file, hp)?;
     let by_name: HashMap<&str, &TensorInfo> =
         file.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let mut known: HashSet<String> = HashSet::new();
     let mut checked = 0;
-    for e in &expected {
+    let mut check = |e: &Expected| -> Result<(), GgufError> {
         match by_name.get(e.name.as_str()) {
             None if e.required => {
                 return Err(GgufError::MissingTensor {
@@ -706,13 +720,25 @@ fn check_tensors(
             }
             Some(_) => checked += 1,
         }
+        known.insert(e.name.clone());
+        Ok(())
+    };
+    for e in &templates.head {
+        check(e)?;
     }
-    let known: HashSet<&str> = expected.iter().map(|e| e.name.as_str()).collect();
+    for il in 0..hp.n_layer as usize {
+        for e in &templates.layer(file, hp, il) {
+            check(e)?;
+        }
+    }
+    for e in &templates.tail {
+        check(e)?;
+    }
     let others: Vec<&str> = file
         .tensors
         .iter()
         .map(|t| t.name.as_str())
-        .filter(|n| !known.contains(n))
+        .filter(|n| !known.contains(*n))
         .collect();
     if let Some(first) = others.first() {
         notes.push(format!(
