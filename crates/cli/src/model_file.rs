@@ -6,13 +6,15 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use opledger_core::arch::{ArchInfo, Metadata};
-use opledger_gguf::{GgufFile, Value};
+use opledger_gguf::{validate_for_llama, ArchCheck, GgufFile, Value};
 use serde::Serialize;
 
 /// A validated model file and what opledger knows of it.
 pub struct ModelFile {
     pub gguf: GgufFile,
     pub arch: ArchInfo,
+    /// What the llama.cpp validator checked (and its notes, e.g. an unknown architecture).
+    pub check: ArchCheck,
 }
 
 /// Adapter from the GGUF reader to core's metadata trait.
@@ -43,12 +45,14 @@ impl Metadata for GgufMetadata<'_> {
 }
 
 impl ModelFile {
-    /// Validates `path` and reads its architecture. Errors name the file.
+    /// Validates `path` (structure, then what llama.cpp requires of its architecture) and
+    /// reads its architecture. Errors name the file.
     pub fn open(path: &Path) -> Result<ModelFile> {
         let gguf = GgufFile::open(path)?;
+        let check = validate_for_llama(&gguf)?;
         let arch = ArchInfo::from_metadata(&GgufMetadata(&gguf))
             .with_context(|| format!("{}: reading the architecture", path.display()))?;
-        Ok(ModelFile { gguf, arch })
+        Ok(ModelFile { gguf, arch, check })
     }
 
     /// The metadata worth recording in a manifest (no large arrays).

@@ -170,6 +170,66 @@ pub enum GgufError {
         written: usize,
         expected: usize,
     },
+
+    #[error("{path}: metadata key '{key}' is missing; {required_by} requires it")]
+    MissingKey {
+        path: PathBuf,
+        key: String,
+        required_by: String,
+    },
+
+    #[error("{path}: metadata key '{key}' has type {found}; {expected} expected")]
+    WrongKeyType {
+        path: PathBuf,
+        key: String,
+        expected: String,
+        found: String,
+    },
+
+    #[error("{path}: metadata key '{key}': {detail}")]
+    BadKeyValue {
+        path: PathBuf,
+        key: String,
+        detail: String,
+    },
+
+    #[error("{path}: tensor '{name}' is missing; llama.cpp's {arch} requires it")]
+    MissingTensor {
+        path: PathBuf,
+        name: String,
+        arch: String,
+    },
+
+    #[error(
+        "{path}: tensor '{name}' has shape {found:?}; the {arch} metadata of the file implies \
+         {expected:?}"
+    )]
+    WrongShape {
+        path: PathBuf,
+        name: String,
+        arch: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
+
+    #[error(
+        "{path}: the {arch} metadata of the file implies tensor '{name}' of shape {dims:?}, \
+         more than ggml can hold"
+    )]
+    ImpliedShapeOverflow {
+        path: PathBuf,
+        name: String,
+        arch: String,
+        dims: Vec<u64>,
+    },
+
+    #[error("{path}: tensor '{name}' has type {ggml_type}, but {detail}")]
+    UnsupportedType {
+        path: PathBuf,
+        name: String,
+        ggml_type: GgmlType,
+        detail: &'static str,
+    },
 }
 
 impl GgufError {
@@ -200,7 +260,14 @@ impl GgufError {
             | NoSuchTensor { path, .. }
             | WrongTensor { path, .. }
             | WrongSize { path, .. }
-            | Unfinished { path, .. } => path,
+            | Unfinished { path, .. }
+            | MissingKey { path, .. }
+            | WrongKeyType { path, .. }
+            | BadKeyValue { path, .. }
+            | MissingTensor { path, .. }
+            | WrongShape { path, .. }
+            | ImpliedShapeOverflow { path, .. }
+            | UnsupportedType { path, .. } => path,
         }
     }
 }

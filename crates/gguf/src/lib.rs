@@ -9,6 +9,7 @@ pub mod error;
 pub mod reader;
 pub mod synth;
 pub mod types;
+pub mod validate;
 pub mod value;
 pub mod writer;
 
@@ -19,5 +20,6 @@ pub use synth::{
     SynthOptions, SynthReport,
 };
 pub use types::{GgmlType, ParseGgmlTypeError};
+pub use validate::{validate_for_llama, ArchCheck};
 pub use value::{Array, Value, ValueType};
 pub use writer::{GgufWriter, Layout, TensorSpec};

@@ -508,9 +508,6 @@ fn parse<R: Read>(src: &mut Source<R>) -> Result<GgufFile, GgufError> {
     let n_tensors = src.u64(|| "tensor count in the header".to_string())?;
     let n_kv = src.u64(|| "key-value count in the header".to_string())?;
     src.check_count(n_kv, MIN_KV_BYTES, || "key-value count".to_string())?;
-    src.check_count(n_tensors, MIN_TENSOR_INFO_BYTES, || {
-        "tensor count".to_string()
-    })?;
 
     let mut metadata: Vec<(String, Value)> = Vec::new();
     let mut seen_keys: HashSet<String> = HashSet::new();
@@ -545,6 +542,10 @@ fn parse<R: Read>(src: &mut Source<R>) -> Result<GgufFile, GgufError> {
         }
     };
 
+    // Checked after the metadata, so that a file cut inside its metadata is reported there.
+    src.check_count(n_tensors, MIN_TENSOR_INFO_BYTES, || {
+        "tensor count".to_string()
+    })?;
     let mut tensors: Vec<TensorInfo> = Vec::new();
     let mut seen_names: HashSet<String> = HashSet::new();
     for i in 0..n_tensors {

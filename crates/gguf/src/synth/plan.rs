@@ -195,6 +195,15 @@ pub fn plan_for(preset: &Preset, opts: &SynthOptions) -> Result<ModelPlan, Synth
         return Err(SynthError::FusedNotSupported { arch: preset.arch });
     }
 
+    if let Some(la) = preset.linear_attention {
+        if u32::try_from(la.inner_size()).is_err() {
+            return Err(SynthError::BadOption(format!(
+                "ssm inner size {} (state size x time-step rank) does not fit a u32",
+                la.inner_size()
+            )));
+        }
+    }
+
     let is_full = |il: u32| match preset.linear_attention {
         Some(la) => (il + 1) % la.full_attention_interval.max(1) == 0,
         None => true,
@@ -243,7 +252,7 @@ pub fn plan_for(preset: &Preset, opts: &SynthOptions) -> Result<ModelPlan, Synth
                     // the query projection also carries the output gate.
                     b.add(
                         &blk("attn_q.weight"),
-                        &[e, hd * nh * 2],
+                        &[e, (hd * nh).saturating_mul(2)],
                         Role::Dense,
                         Fill::Weights,
                     );
@@ -272,10 +281,10 @@ pub fn plan_for(preset: &Preset, opts: &SynthOptions) -> Result<ModelPlan, Synth
                     let gk = u64::from(la.group_count);
                     let hv = u64::from(la.time_step_rank);
                     let value_dim = dk * hv;
-                    let conv_dim = u64::from(la.conv_dim());
+                    let conv_dim = la.conv_dim();
                     b.add(
                         &blk("attn_qkv.weight"),
-                        &[e, 2 * dk * gk + value_dim],
+                        &[e, (2 * dk).saturating_mul(gk).saturating_add(value_dim)],
                         Role::Dense,
                         Fill::Weights,
                     );
@@ -620,7 +629,9 @@ fn metadata(
             format!("{a}.ssm.time_step_rank"),
             Value::U32(la.time_step_rank),
         );
-        put(format!("{a}.ssm.inner_size"), Value::U32(la.inner_size()));
+        // plan_for refuses an inner size above u32::MAX before this is called.
+        let inner = u32::try_from(la.inner_size()).unwrap_or(u32::MAX);
+        put(format!("{a}.ssm.inner_size"), Value::U32(inner));
     }
     m
 }

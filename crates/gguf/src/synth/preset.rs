@@ -72,15 +72,19 @@ pub struct LinearAttentionShape {
 }
 
 impl LinearAttentionShape {
-    /// `ssm.inner_size` = state_size x time_step_rank (the value width).
-    pub fn inner_size(&self) -> u32 {
-        self.state_size * self.time_step_rank
+    /// `ssm.inner_size` = state_size x time_step_rank (the value width). In u64, as llama.cpp
+    /// computes it in int64_t: any u32 inputs give the exact product.
+    pub fn inner_size(&self) -> u64 {
+        u64::from(self.state_size) * u64::from(self.time_step_rank)
     }
 
     /// Channels of the short convolution: queries, keys and values
-    /// (`conv_dim = key_dim * 2 + value_dim` in qwen35moe.cpp).
-    pub fn conv_dim(&self) -> u32 {
-        2 * self.state_size * self.group_count + self.inner_size()
+    /// (`conv_dim = key_dim * 2 + value_dim` in qwen35moe.cpp); saturates rather than wraps
+    /// for hostile widths, so the shape it gives can never be met.
+    pub fn conv_dim(&self) -> u64 {
+        (2 * u64::from(self.state_size))
+            .saturating_mul(u64::from(self.group_count))
+            .saturating_add(self.inner_size())
     }
 }
 

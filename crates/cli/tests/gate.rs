@@ -1,0 +1,103 @@
+//! The GGUF gate end to end: `opledger graph` on broken models exits 2 with the file's name and
+//! the problem, from the Rust validator, before llama.cpp loads anything (a crash in C would
+//! end the process with a signal, not exit code 2).
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use opledger_gguf::synth::plan;
+use opledger_gguf::{GgufWriter, SynthOptions, TensorSpec, Value};
+use predicates::prelude::*;
+
+/// Writes `preset`'s model (zero data) with its metadata and tensors edited.
+fn write_edited(
+    path: &Path,
+    preset: &str,
+    edit_meta: impl FnOnce(&mut Vec<(String, Value)>),
+    edit_tensors: impl FnOnce(&mut Vec<TensorSpec>),
+) {
+    let plan = plan(&SynthOptions::new(preset)).unwrap();
+    let mut meta = plan.metadata.clone();
+    edit_meta(&mut meta);
+    let mut specs = plan.specs();
+    edit_tensors(&mut specs);
+    let mut w = GgufWriter::create(path, &meta, &specs).unwrap();
+    for s in &specs {
+        let size = usize::try_from(s.size_bytes().unwrap()).unwrap();
+        w.write_tensor(&s.name, &vec![0u8; size]).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+fn graph_refuses(model: &PathBuf, problem: &str) {
+    let name = model.file_name().unwrap().to_str().unwrap().to_string();
+    Command::cargo_bin("opledger")
+        .unwrap()
+        .args(["graph", "-p", "8", "-m"])
+        .arg(model)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(name).and(predicate::str::contains(problem)));
+}
+
+#[test]
+fn graph_refuses_broken_models_before_llama_cpp() {
+    let dir = tempfile::tempdir().unwrap();
+
+    let missing = dir.path().join("missing-key.gguf");
+    write_edited(
+        &missing,
+        "tiny-qwen35moe",
+        |m| m.retain(|(k, _)| k != "qwen35moe.ssm.state_size"),
+        |_| {},
+    );
+    graph_refuses(
+        &missing,
+        "metadata key 'qwen35moe.ssm.state_size' is missing; llama.cpp's qwen35moe requires it",
+    );
+
+    let shape = dir.path().join("wrong-shape.gguf");
+    write_edited(
+        &shape,
+        "tiny-qwen3",
+        |_| {},
+        |t| {
+            let k = t
+                .iter_mut()
+                .find(|t| t.name == "blk.1.attn_k.weight")
+                .unwrap();
+            k.dims = vec![256, 512];
+        },
+    );
+    graph_refuses(
+        &shape,
+        "tensor 'blk.1.attn_k.weight' has shape [256, 512]; the qwen3 metadata of the file \
+         implies [256, 256]",
+    );
+
+    // A value llama.cpp would divide by (`(i + 1) % full_attention_interval`).
+    let interval = dir.path().join("zero-interval.gguf");
+    write_edited(
+        &interval,
+        "tiny-qwen35moe",
+        |m| {
+            for (k, v) in m.iter_mut() {
+                if k == "qwen35moe.full_attention_interval" {
+                    *v = Value::U32(0);
+                }
+            }
+        },
+        |_| {},
+    );
+    graph_refuses(
+        &interval,
+        "metadata key 'qwen35moe.full_attention_interval': is 0; it must be above 0",
+    );
+
+    let whole = dir.path().join("whole.gguf");
+    write_edited(&whole, "tiny-llama", |_| {}, |_| {});
+    let bytes = std::fs::read(&whole).unwrap();
+    let truncated = dir.path().join("truncated-data.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() - 100]).unwrap();
+    graph_refuses(&truncated, "tensor 'output.weight': data ends at byte");
+}
