@@ -1,4 +1,5 @@
-//! `opledger profile`: the per-node profile of one chunk on llama.cpp, written to a run folder.
+//! `opledger profile`: the per-node profile of one chunk on an engine (llama.cpp or candle), written
+//! to a run folder.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,6 +14,7 @@ use opledger_core::run_folder::{fresh_run_path, RunFolder};
 use opledger_core::system::SystemSnapshot;
 
 use super::common::{utc_stamp, ModelArgs};
+use super::engines::{load_engine, EngineKind};
 use crate::model_file::{hash_file, ModelFile};
 use crate::progress::steps_bar;
 
@@ -20,6 +22,9 @@ use crate::progress::steps_bar;
 pub struct ProfileArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// The engine to measure.
+    #[arg(long, value_enum, default_value_t = EngineKind::LlamaCpp)]
+    pub engine: EngineKind,
     /// Tokens in the measured chunk (one ubatch).
     #[arg(short = 'p', long, default_value_t = 512)]
     pub chunk: u32,
@@ -160,38 +165,29 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
         warmup: args.warmup,
         overhead_pairs: args.overhead_pairs,
     };
-    #[cfg(feature = "llama")]
-    {
-        use opledger_core::engine::Engine;
-        // Create the folder first: a taken name fails before minutes of measuring.
-        let folder = RunFolder::create(&out)?;
-        let mut model_args = args.model.clone();
-        model_args.model = Some(model_path.clone());
-        let mut engine = super::common::load_llama(&model_args, false)?;
-        let bar = steps_bar(args.quiet || args.json);
-        let raw = profile::measure(&mut engine, &cfg, &mut |phase, done, total| {
-            bar.set_message(phase.to_string());
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-        })
-        .context("measuring")?;
-        bar.finish_and_clear();
-        let m = manifest("profile", &file, &model_path, engine.info(), &rules)?;
-        let summary = write_profile(&folder, &m, &raw)?;
-        let path = folder.finish()?;
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&summary)?);
-        } else if !args.quiet {
-            print!("{}", opledger_report::profile_text(&m, &summary));
-            println!("run folder: {}", path.display());
-        }
-        Ok(exit_code(&summary))
+    // Create the folder first: a taken name fails before minutes of measuring.
+    let folder = RunFolder::create(&out)?;
+    let mut model_args = args.model.clone();
+    model_args.model = Some(model_path.clone());
+    let mut engine = load_engine(args.engine, &model_args)?;
+    let bar = steps_bar(args.quiet || args.json);
+    let raw = profile::measure(engine.as_mut(), &cfg, &mut |phase, done, total| {
+        bar.set_message(phase.to_string());
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })
+    .context("measuring")?;
+    bar.finish_and_clear();
+    let m = manifest("profile", &file, &model_path, engine.info(), &rules)?;
+    let summary = write_profile(&folder, &m, &raw)?;
+    let path = folder.finish()?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else if !args.quiet {
+        print!("{}", opledger_report::profile_text(&m, &summary));
+        println!("run folder: {}", path.display());
     }
-    #[cfg(not(feature = "llama"))]
-    {
-        let _ = (cfg, out, rules, file, model_path);
-        bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
-    }
+    Ok(exit_code(&summary))
 }
 
 /// 0 when every check passed or only warned; 3 when a result must not be trusted.
