@@ -145,3 +145,49 @@ fn synth_refuses_to_overwrite_and_lists_presets() {
                 .and(predicate::str::contains("tiny-qwen3moe")),
         );
 }
+
+#[test]
+fn profile_engine_candle_writes_a_run_folder_named_after_candle() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    opledger()
+        .args(["synth", "--preset", "tiny-qwen3moe", "-q", "-o"])
+        .arg(&model)
+        .assert()
+        .success();
+    let run = dir.path().join("run");
+    let out = opledger()
+        .args([
+            "profile", "--engine", "candle", "-p", "32", "-r", "2", "-t", "2", "--json", "-m",
+        ])
+        .arg(&model)
+        .arg("-o")
+        .arg(&run)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let summary: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(summary["coverage"], 1.0);
+    assert_eq!(summary["outputs_identical"], true);
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["engine"]["engine"], "candle");
+    assert_eq!(manifest["engine"]["threads"], 2);
+    // an architecture candle does not implement is refused by name
+    let q35 = dir.path().join("q35.gguf");
+    opledger()
+        .args(["synth", "--preset", "tiny-qwen35moe", "-q", "-o"])
+        .arg(&q35)
+        .assert()
+        .success();
+    opledger()
+        .args(["profile", "--engine", "candle", "-p", "8", "-r", "1", "-m"])
+        .arg(&q35)
+        .arg("-o")
+        .arg(dir.path().join("run2"))
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("qwen35moe").and(predicate::str::contains("candle")));
+}

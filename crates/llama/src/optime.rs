@@ -156,7 +156,7 @@ pub fn time_node(
     routing: Option<&[i32]>,
     cfg: &OpTimeConfig,
 ) -> Result<OpTime, LlamaError> {
-    if node.out.ne.iter().any(|&d| d == 0) {
+    if node.out.ne.contains(&0) {
         // an op over no elements (a state copy of zero sequences, say) does nothing
         return Ok(OpTime {
             median_us: 0.0,

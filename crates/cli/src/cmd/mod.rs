@@ -2,6 +2,7 @@
 
 pub mod ab;
 pub mod common;
+pub mod engines;
 pub mod graph;
 pub mod ops;
 pub mod profile;

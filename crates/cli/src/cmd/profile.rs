@@ -1,4 +1,5 @@
-//! `opledger profile`: the per-node profile of one chunk on llama.cpp, written to a run folder.
+//! `opledger profile`: the per-node profile of one chunk on an engine (llama.cpp or candle), written
+//! to a run folder.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,6 +14,7 @@ use opledger_core::run_folder::{fresh_run_path, RunFolder};
 use opledger_core::system::SystemSnapshot;
 
 use super::common::{utc_stamp, ModelArgs};
+use super::engines::{load_engine, EngineKind};
 use crate::model_file::{hash_file, ModelFile};
 use crate::progress::steps_bar;
 
@@ -20,6 +22,9 @@ use crate::progress::steps_bar;
 pub struct ProfileArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// The engine to measure.
+    #[arg(long, value_enum, default_value_t = EngineKind::LlamaCpp)]
+    pub engine: EngineKind,
     /// Tokens in the measured chunk (one ubatch).
     #[arg(short = 'p', long, default_value_t = 512)]
     pub chunk: u32,
@@ -198,21 +203,19 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
             enabled: !args.no_noise_gate,
         },
     };
-    #[cfg(feature = "llama")]
     {
-        use opledger_core::engine::Engine;
         // Create the folder first: a taken name fails before minutes of measuring.
         let folder = RunFolder::create(&out)?;
         let mut model_args = args.model.clone();
         model_args.model = Some(model_path.clone());
-        let mut engine = super::common::load_llama(&model_args, false)?;
+        let mut engine = load_engine(args.engine, &model_args)?;
         let bar = steps_bar(args.quiet || args.json);
         let several = args.parallel.len() > 1;
         let mut results = Vec::new();
         for &p in &args.parallel {
             let mut cfg = cfg.clone();
             cfg.work.parallel = p;
-            let raw = profile::measure(&mut engine, &cfg, &mut |phase, done, total| {
+            let raw = profile::measure(engine.as_mut(), &cfg, &mut |phase, done, total| {
                 bar.set_message(if several {
                     format!("P={p} {phase}")
                 } else {
@@ -267,11 +270,6 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
             .find(|c| *c != ExitCode::SUCCESS)
             .unwrap_or(ExitCode::SUCCESS);
         Ok(worst)
-    }
-    #[cfg(not(feature = "llama"))]
-    {
-        let _ = (cfg, out, rules, file, model_path);
-        bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
     }
 }
 

@@ -1,0 +1,528 @@
+#![cfg(all(feature = "candle", feature = "llama"))]
+
+//! The candle engine on tiny synthetic models the tool writes itself: its logits agree with
+//! llama.cpp's on the same file and the same tokens, every node lands in a band, and its node
+//! counts follow from the architecture and the routing the run used.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use opledger::model_file::ModelFile;
+use opledger_candle::{CandleConfig, CandleEngine};
+use opledger_core::arch::ArchInfo;
+use opledger_core::band::{Assignment, BandRules, UNASSIGNED};
+use opledger_core::engine::{Engine, Mode, Work};
+use opledger_core::node::{weight_token, NodeInfo};
+use opledger_core::profile::{analyse, measure, CheckStatus, ProfileConfig};
+use opledger_core::tokens::filler_tokens;
+use opledger_gguf::{synthesize, GgmlType, GgufFile, GgufWriter, SynthOptions, TensorSpec};
+use opledger_llama::{Backend, Context, ContextParams, FlashAttn, Model, ModelParams, ThreadPool};
+
+/// How close two engines' logits must be.
+struct Tolerance {
+    /// Largest relative L2 error of a row.
+    rel: f64,
+    /// Smallest cosine similarity of a row.
+    cos: f64,
+    /// A top-1 miss is accepted only where llama.cpp's top-2 margin is under this share of the
+    /// row's logit spread (max - min).
+    tie: f32,
+}
+
+/// Quantised weights: llama.cpp and candle both quantise activations (Q8) for their quantised
+/// matmuls, with their own kernels and rounding, and llama.cpp keeps its KV cache (and the
+/// queries of its flash attention) in F16; on these tiny widths that leaves about 1e-2 of
+/// relative error (REFERENCE.md saw 5e-3 at real widths).
+const QUANTISED: Tolerance = Tolerance {
+    rel: 3e-2,
+    cos: 0.9995,
+    tie: 5e-3,
+};
+/// Float weights: only llama.cpp's F16 cache and queries differ.
+const FLOAT: Tolerance = Tolerance {
+    rel: 3e-3,
+    cos: 0.99999,
+    tie: 0.0,
+};
+
+fn synth(dir: &Path, preset: &str) -> PathBuf {
+    let path = dir.join(format!("{preset}.gguf"));
+    synthesize(&SynthOptions::new(preset), &path, &mut |_, _| {}).unwrap();
+    path
+}
+
+/// A tiny model with every matmul weight in float: no engine quantises activations then.
+fn synth_f32(dir: &Path, preset: &str) -> PathBuf {
+    let path = dir.join(format!("{preset}-f32.gguf"));
+    let mut opts = SynthOptions::new(preset);
+    opts.expert_type = GgmlType::F32;
+    opts.dense_type = GgmlType::F32;
+    synthesize(&opts, &path, &mut |_, _| {}).unwrap();
+    path
+}
+
+fn candle(path: &Path) -> CandleEngine {
+    CandleEngine::load(CandleConfig {
+        model_path: path.to_path_buf(),
+        threads: 2,
+    })
+    .unwrap()
+}
+
+fn work(chunk: u32, depth: u32, all_logits: bool) -> Work {
+    Work {
+        all_logits,
+        token_seed: 5,
+        ..Work::prefill(chunk, depth)
+    }
+}
+
+/// The logits candle computes for `work` (FUSED run).
+fn candle_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
+    let mut e = candle(path);
+    e.prepare(w).unwrap();
+    e.run(Mode::Fused).unwrap();
+    e.last_logits().to_vec()
+}
+
+/// The logits llama.cpp computes for `work`: the context filled to the depth in chunk-sized
+/// batches, then the chunk, with the same filler tokens the engines use.
+fn llama_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
+    let backend = Backend::init(false);
+    let model = Arc::new(
+        Model::load(
+            &backend,
+            path,
+            &ModelParams {
+                gpu_layers: 0,
+                no_repack: false,
+            },
+        )
+        .unwrap(),
+    );
+    let pool = Arc::new(ThreadPool::new(2).unwrap());
+    let needed = (w.depth_tokens + w.chunk_tokens) as u64;
+    let mut ctx = Context::new(
+        model.clone(),
+        pool,
+        &ContextParams {
+            n_ctx: (needed.div_ceil(256) * 256) as u32,
+            n_batch: w.chunk_tokens,
+            n_ubatch: w.chunk_tokens,
+            flash_attn: FlashAttn::Auto,
+            instrumented: false,
+            n_seq_max: 1,
+            kv_unified: false,
+            type_k: None,
+            type_v: None,
+        },
+    )
+    .unwrap();
+    let vocab = model.n_vocab();
+    if w.depth_tokens > 0 {
+        let fill = filler_tokens(w.token_seed, 0, w.depth_tokens, vocab);
+        ctx.decode(&fill, 0, false).unwrap();
+    }
+    let chunk = filler_tokens(w.token_seed, w.depth_tokens, w.chunk_tokens, vocab);
+    ctx.decode(&chunk, w.depth_tokens, w.all_logits).unwrap();
+    if w.all_logits {
+        (0..w.chunk_tokens as i32)
+            .map(|i| ctx.logits(i).unwrap())
+            .collect()
+    } else {
+        vec![ctx.logits(-1).unwrap()]
+    }
+}
+
+fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap()
+}
+
+/// Checks candle's rows against llama.cpp's in relative terms and returns (worst relative
+/// error, worst cosine, top-1 misses).
+fn compare(what: &str, tol: &Tolerance, candle: &[Vec<f32>], llama: &[Vec<f32>]) {
+    assert_eq!(candle.len(), llama.len(), "{what}: rows");
+    let (mut worst_rel, mut worst_cos, mut misses) = (0f64, 1f64, 0usize);
+    for (r, (c, l)) in candle.iter().zip(llama).enumerate() {
+        assert_eq!(c.len(), l.len(), "{what}: row {r} width");
+        assert!(
+            c.iter().all(|x| x.is_finite()),
+            "{what}: row {r} not finite"
+        );
+        let (mut diff2, mut l2, mut c2, mut dot) = (0f64, 0f64, 0f64, 0f64);
+        for (&a, &b) in c.iter().zip(l) {
+            let (a, b) = (a as f64, b as f64);
+            diff2 += (a - b) * (a - b);
+            l2 += b * b;
+            c2 += a * a;
+            dot += a * b;
+        }
+        let rel = (diff2 / l2).sqrt();
+        let cos = dot / (l2.sqrt() * c2.sqrt());
+        worst_rel = worst_rel.max(rel);
+        worst_cos = worst_cos.min(cos);
+        let (tc, tl) = (argmax(c), argmax(l));
+        if tc != tl {
+            misses += 1;
+            let mut sorted = l.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            let spread = sorted[0] - sorted[sorted.len() - 1];
+            let margin = sorted[0] - sorted[1];
+            eprintln!(
+                "{what}: row {r}: top-1 {tc} (candle) vs {tl} (llama.cpp), top-2 margin \
+                 {:.2e} of the spread",
+                margin / spread
+            );
+            assert!(
+                margin < tol.tie * spread,
+                "{what}: row {r}: top-1 {tc} (candle) vs {tl} (llama.cpp) with a top-2 margin \
+                 of {margin} ({:.2e} of the spread)",
+                margin / spread
+            );
+        }
+    }
+    eprintln!(
+        "{what}: {} rows, worst relative error {worst_rel:.4e}, worst cosine {worst_cos:.8}, \
+         top-1 misses {misses}",
+        candle.len()
+    );
+    assert!(
+        worst_rel <= tol.rel,
+        "{what}: relative error {worst_rel:.3e}"
+    );
+    assert!(worst_cos >= tol.cos, "{what}: cosine {worst_cos}");
+    // nearly every row: at most one in eight misses, and each only on a near-tie
+    assert!(
+        misses * 8 <= candle.len(),
+        "{what}: {misses} top-1 misses in {} rows",
+        candle.len()
+    );
+}
+
+fn agree(path: &Path, what: &str, tol: &Tolerance, w: &Work) {
+    let c = candle_logits(path, w);
+    let l = llama_logits(path, w);
+    compare(what, tol, &c, &l);
+}
+
+#[test]
+fn tiny_qwen3moe_logits_agree_with_llama_cpp() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(dir.path(), "tiny-qwen3moe");
+    agree(&path, "qwen3moe last", &QUANTISED, &work(64, 0, false));
+    agree(&path, "qwen3moe all", &QUANTISED, &work(64, 0, true));
+    // at depth: the cache filled in two batches, then a chunk attending over it
+    agree(
+        &path,
+        "qwen3moe depth 64 all",
+        &QUANTISED,
+        &work(32, 64, true),
+    );
+}
+
+#[test]
+fn float_weights_agree_closely() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth_f32(dir.path(), "tiny-qwen3moe");
+    agree(&path, "qwen3moe f32 all", &FLOAT, &work(64, 0, true));
+    agree(
+        &path,
+        "qwen3moe f32 depth 64 all",
+        &FLOAT,
+        &work(32, 64, true),
+    );
+    // llama: interleaved rope with Llama 3 frequency factors, no q/k norms
+    let path = synth_f32(dir.path(), "tiny-llama");
+    agree(&path, "llama f32 depth 64 all", &FLOAT, &work(32, 64, true));
+}
+
+#[test]
+fn dense_models_agree_with_llama_cpp() {
+    let dir = tempfile::tempdir().unwrap();
+    for preset in ["tiny-qwen3", "tiny-llama"] {
+        let path = synth(dir.path(), preset);
+        agree(
+            &path,
+            &format!("{preset} last"),
+            &QUANTISED,
+            &work(48, 0, false),
+        );
+        agree(
+            &path,
+            &format!("{preset} depth 32 all"),
+            &QUANTISED,
+            &work(48, 32, true),
+        );
+    }
+}
+
+/// Profiles `path` on candle (2 cycles) and checks what must hold for every architecture;
+/// returns the graph, its bands and the routing of the last run.
+fn profile_and_check(
+    path: &Path,
+    w: &Work,
+) -> (ArchInfo, Vec<NodeInfo>, Vec<Assignment>, Vec<Vec<usize>>) {
+    let file = ModelFile::open(path).unwrap();
+    let arch = file.arch.clone();
+    let rules = BandRules::builtin(&arch.arch).unwrap();
+    let mut e = candle(path);
+    let cfg = ProfileConfig {
+        work: w.clone(),
+        cycles: 2,
+        warmup: 1,
+        overhead_pairs: 0,
+        gate: Default::default(),
+    };
+    let raw = measure(&mut e, &cfg, &mut |_, _, _| {}).unwrap();
+    let (assignments, summary) = analyse(&raw, &rules, &arch).unwrap();
+    let unassigned: Vec<&str> = raw
+        .graph
+        .iter()
+        .zip(&assignments)
+        .filter(|(_, a)| a.band == UNASSIGNED)
+        .map(|(n, _)| n.name.as_str())
+        .collect();
+    assert!(unassigned.is_empty(), "nodes in no band: {unassigned:?}");
+    assert_eq!(summary.coverage, 1.0);
+    assert!(summary.audit.is_empty(), "{:?}", summary.audit);
+    assert!(
+        summary.outputs_identical,
+        "FUSED, FUSED-observed and TIMED runs computed different logits"
+    );
+    for c in &summary.checks {
+        if c.name != "agreement" && c.name != "overhead" && c.name != "cycles" {
+            assert_eq!(c.status, CheckStatus::Pass, "{}: {}", c.name, c.detail);
+        }
+    }
+    assert!(raw
+        .cycles
+        .iter()
+        .all(|c| c.node_us.len() == raw.graph.len()));
+    assert_eq!(e.info().engine, "candle");
+    // producers point backwards at nodes that exist, and every layer parses
+    for n in &raw.graph {
+        for s in n.srcs.iter().flatten() {
+            if let Some(p) = s.producer {
+                assert!(p < n.index, "node {} reads node {p}", n.index);
+            }
+        }
+    }
+    (arch, raw.graph, assignments, e.last_routing().to_vec())
+}
+
+/// Working (non-view) nodes per band.
+fn working(graph: &[NodeInfo], bands: &[Assignment], band: &str) -> usize {
+    graph
+        .iter()
+        .zip(bands)
+        .filter(|(n, a)| a.band == band && n.is_working())
+        .count()
+}
+
+fn matmuls_of(graph: &[NodeInfo], tokens: &[&str]) -> usize {
+    graph
+        .iter()
+        .filter(|n| n.op == "MUL_MAT")
+        .filter(|n| {
+            n.weight()
+                .is_some_and(|w| tokens.contains(&weight_token(&w.name)))
+        })
+        .count()
+}
+
+fn count(graph: &[NodeInfo], op: &str, name_token: &str) -> usize {
+    graph
+        .iter()
+        .filter(|n| n.op == op && n.base_name() == name_token)
+        .count()
+}
+
+#[test]
+fn tiny_qwen3moe_graph_follows_the_architecture_and_the_routing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(dir.path(), "tiny-qwen3moe");
+    let chunk = 64usize;
+    let (arch, graph, bands, routing) = profile_and_check(&path, &work(chunk as u32, 0, false));
+    let layers = arch.n_layers() as usize;
+    let k = arch.n_experts_used as usize;
+    assert_eq!(routing.len(), layers, "one routing per MoE layer");
+    for (il, r) in routing.iter().enumerate() {
+        assert_eq!(r.len(), arch.n_experts as usize);
+        // every layer routes every token to k experts; the last layer only the last token
+        let rows = if il + 1 == layers { 1 } else { chunk };
+        assert_eq!(r.iter().sum::<usize>(), rows * k, "layer {il}");
+    }
+    // (layer, expert) pairs that received at least one token
+    let pairs: Vec<usize> = routing
+        .iter()
+        .map(|r| r.iter().filter(|&&n| n > 0).count())
+        .collect();
+    let all_pairs: usize = pairs.iter().sum();
+    assert_eq!(
+        matmuls_of(&graph, &["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]),
+        3 * all_pairs
+    );
+    assert_eq!(matmuls_of(&graph, &["ffn_gate_inp"]), layers, "routers");
+    assert_eq!(
+        matmuls_of(&graph, &["attn_q", "attn_k", "attn_v", "attn_output"]),
+        4 * layers
+    );
+    assert_eq!(matmuls_of(&graph, &["output"]), 1, "LM head");
+    // one attention core per layer: kq, softmax, kqv
+    assert_eq!(count(&graph, "MUL_MAT", "kq"), layers);
+    assert_eq!(count(&graph, "SOFT_MAX", "kq_soft_max"), layers);
+    assert_eq!(count(&graph, "MUL_MAT", "kqv"), layers);
+    assert_eq!(count(&graph, "MOE_ROUTE", "ffn_moe_route"), layers);
+    assert_eq!(count(&graph, "SET_ROWS", "cache_k"), layers);
+    // working nodes per band, from the forward pass's construction:
+    // attention: q/k norm + rope (4), two cache writes, the q copy, kq, scale, mask, softmax,
+    // kqv and its copy (13); projections: attn_norm, Q, K, V, O (5); other: embedding,
+    // ffn_inp and l_out per layer, final norm, LM head; moe: ffn_norm, router logits, probs,
+    // argsort, top-k copy, weights, sum, clamp, norm, route, gather (11), per routed expert
+    // gate, up, silu, x up, down (5), concat, weighted, scatter-add (3)
+    assert_eq!(working(&graph, &bands, "attention"), 13 * layers);
+    assert_eq!(working(&graph, &bands, "projections"), 5 * layers);
+    assert_eq!(working(&graph, &bands, "other"), 3 + 2 * layers);
+    assert_eq!(working(&graph, &bands, "moe"), 14 * layers + 5 * all_pairs);
+    assert_eq!(
+        graph.iter().filter(|n| n.is_working()).count(),
+        (13 + 5 + 2 + 14) * layers + 3 + 5 * all_pairs
+    );
+}
+
+#[test]
+fn all_logits_run_the_last_layer_on_every_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(dir.path(), "tiny-qwen3moe");
+    let (arch, _, _, routing) = profile_and_check(&path, &work(32, 0, true));
+    let k = arch.n_experts_used as usize;
+    assert!(routing.iter().all(|r| r.iter().sum::<usize>() == 32 * k));
+}
+
+#[test]
+fn dense_models_profile_with_full_coverage() {
+    let dir = tempfile::tempdir().unwrap();
+    for (preset, attention_per_layer) in [("tiny-qwen3", 13), ("tiny-llama", 11)] {
+        let path = synth(dir.path(), preset);
+        let (arch, graph, bands, routing) = profile_and_check(&path, &work(32, 16, false));
+        let layers = arch.n_layers() as usize;
+        assert!(routing.is_empty(), "{preset}");
+        assert_eq!(
+            matmuls_of(&graph, &["ffn_gate", "ffn_up", "ffn_down"]),
+            3 * layers
+        );
+        assert_eq!(working(&graph, &bands, "dense_ffn"), 6 * layers, "{preset}");
+        assert_eq!(
+            working(&graph, &bands, "attention"),
+            attention_per_layer * layers,
+            "{preset}"
+        );
+        assert_eq!(working(&graph, &bands, "projections"), 5 * layers);
+    }
+}
+
+#[test]
+fn depth_state_is_restored_between_runs() {
+    // At depth 96 every run must start from the prepared cache: repeated runs of every mode
+    // return bit-identical logits (a run that moved the cache on would not).
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(dir.path(), "tiny-qwen3moe");
+    let mut e = candle(&path);
+    e.prepare(&work(32, 96, true)).unwrap();
+    let graph = e.graph().unwrap();
+    assert!(!graph.is_empty());
+    let first = e.run(Mode::Fused).unwrap().output_hash;
+    for mode in [Mode::Timed, Mode::FusedObserved, Mode::Fused, Mode::Timed] {
+        let r = e.run(mode).unwrap();
+        assert_eq!(r.output_hash, first, "{mode:?}");
+        if mode == Mode::Timed {
+            assert_eq!(r.node_us.len(), graph.len());
+        }
+        if mode == Mode::FusedObserved {
+            assert_eq!(r.nodes_seen as usize, graph.len());
+        }
+    }
+}
+
+/// Rewrites a file with separate gate and up expert tensors into one with a fused
+/// `ffn_gate_up_exps {E, 2ff, n_expert}` (per expert: the gate rows, then the up rows).
+fn fuse_gate_up(src: &Path, dst: &Path) {
+    let file = GgufFile::open(src).unwrap();
+    let mut reader = std::fs::File::open(src).unwrap();
+    let mut specs = Vec::new();
+    for t in &file.tensors {
+        if t.name.ends_with("ffn_up_exps.weight") {
+            continue;
+        }
+        if t.name.ends_with("ffn_gate_exps.weight") {
+            let name = t.name.replace("ffn_gate_exps", "ffn_gate_up_exps");
+            specs.push(TensorSpec::new(
+                name,
+                &[t.dims[0], 2 * t.dims[1], t.dims[2]],
+                t.ggml_type,
+            ));
+        } else {
+            specs.push(TensorSpec::new(t.name.clone(), &t.dims, t.ggml_type));
+        }
+    }
+    let mut w = GgufWriter::create(dst, &file.metadata, &specs).unwrap();
+    for t in &file.tensors {
+        if t.name.ends_with("ffn_up_exps.weight") {
+            continue;
+        }
+        if t.name.ends_with("ffn_gate_exps.weight") {
+            let up_name = t.name.replace("ffn_gate_exps", "ffn_up_exps");
+            let gate = file.read_tensor_data(&mut reader, &t.name).unwrap();
+            let up = file.read_tensor_data(&mut reader, &up_name).unwrap();
+            let n = t.dims[2] as usize;
+            let per = gate.len() / n;
+            let mut fused = Vec::with_capacity(2 * gate.len());
+            for e in 0..n {
+                fused.extend_from_slice(&gate[e * per..(e + 1) * per]);
+                fused.extend_from_slice(&up[e * per..(e + 1) * per]);
+            }
+            let name = t.name.replace("ffn_gate_exps", "ffn_gate_up_exps");
+            w.write_tensor(&name, &fused).unwrap();
+        } else {
+            let data = file.read_tensor_data(&mut reader, &t.name).unwrap();
+            w.write_tensor(&t.name, &data).unwrap();
+        }
+    }
+    w.finish().unwrap();
+}
+
+#[test]
+fn fused_gate_up_experts_compute_what_separate_ones_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let separate = synth(dir.path(), "tiny-qwen3moe");
+    let fused = dir.path().join("fused.gguf");
+    fuse_gate_up(&separate, &fused);
+    let w = work(32, 0, true);
+    let a = candle_logits(&separate, &w);
+    let b = candle_logits(&fused, &w);
+    // the same dot products, row by row: equal up to the order of nothing
+    let worst = a
+        .iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= 1e-4,
+        "fused and separate gate/up differ by {worst}"
+    );
+    let (arch, graph, bands, routing) = profile_and_check(&fused, &work(32, 0, false));
+    assert!(arch.fused_gate_up);
+    let pairs: usize = routing
+        .iter()
+        .map(|r| r.iter().filter(|&&n| n > 0).count())
+        .sum();
+    assert_eq!(
+        matmuls_of(&graph, &["ffn_gate_up_exps", "ffn_down_exps"]),
+        2 * pairs
+    );
+    assert_eq!(
+        working(&graph, &bands, "moe"),
+        14 * arch.n_layers() as usize + 4 * pairs
+    );
+}
