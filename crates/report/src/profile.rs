@@ -50,6 +50,10 @@ fn band_rows(s: &ProfileSummary) -> Vec<Vec<String>> {
             "{:.1} %",
             s.bands.iter().map(|b| b.share).sum::<f64>() * 100.0
         ),
+        format!(
+            "{:.4}",
+            s.bands.iter().map(|b| b.ms_per_token_corrected).sum::<f64>()
+        ),
         s.nodes.to_string(),
         (s.nodes - s.view_nodes).to_string(),
     ]);
