@@ -3,6 +3,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod ab;
 pub mod census;
 pub mod nodes;
 pub mod profile;
