@@ -13,8 +13,9 @@ use serde::Serialize;
 pub struct ModelFile {
     pub gguf: GgufFile,
     pub arch: ArchInfo,
-    /// What the llama.cpp validator checked (and its notes, e.g. an unknown architecture).
-    pub check: ArchCheck,
+    /// What the llama.cpp validator checked (and its notes, e.g. an unknown architecture);
+    /// `None` for a file opened for another engine.
+    pub check: Option<ArchCheck>,
 }
 
 /// Adapter from the GGUF reader to core's metadata trait.
@@ -52,7 +53,25 @@ impl ModelFile {
         let check = validate_for_llama(&gguf)?;
         let arch = ArchInfo::from_metadata(&GgufMetadata(&gguf))
             .with_context(|| format!("{}: reading the architecture", path.display()))?;
-        Ok(ModelFile { gguf, arch, check })
+        Ok(ModelFile {
+            gguf,
+            arch,
+            check: Some(check),
+        })
+    }
+
+    /// Validates the file's structure only (every count, offset and type, as `open` does) and
+    /// reads its architecture, for an engine other than llama.cpp: candle loads files llama.cpp
+    /// refuses (a qwen3moe with fused gate/up experts, say).
+    pub fn open_structural(path: &Path) -> Result<ModelFile> {
+        let gguf = GgufFile::open(path)?;
+        let arch = ArchInfo::from_metadata(&GgufMetadata(&gguf))
+            .with_context(|| format!("{}: reading the architecture", path.display()))?;
+        Ok(ModelFile {
+            gguf,
+            arch,
+            check: None,
+        })
     }
 
     /// The metadata worth recording in a manifest (no large arrays).

@@ -262,7 +262,7 @@ fn profile_and_check(
     path: &Path,
     w: &Work,
 ) -> (ArchInfo, Vec<NodeInfo>, Vec<Assignment>, Vec<Vec<usize>>) {
-    let file = ModelFile::open(path).unwrap();
+    let file = ModelFile::open_structural(path).unwrap();
     let arch = file.arch.clone();
     let rules = BandRules::builtin(&arch.arch).unwrap();
     let mut e = candle(path);

@@ -277,7 +277,14 @@ pub struct LedgerRow {
     pub b_ms_per_token: f64,
     /// b - a (positive: B spends more here).
     pub gap_ms_per_token: f64,
+    /// b / a; NaN (stored as `null`) where A spends nothing in the band.
+    #[serde(deserialize_with = "nan_when_null")]
     pub ratio: f64,
+}
+
+/// serde_json writes a NaN as `null`; read it back as NaN so a stored ledger round-trips.
+fn nan_when_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// Bands of two sides sorted by the size of their gap.
@@ -449,6 +456,42 @@ pub fn run_ab(
     }
     progress(total, total, "done");
     Ok(out)
+}
+
+/// Version of `ab.json`; bumped on any incompatible change.
+pub const AB_SCHEMA_VERSION: u32 = 1;
+
+/// One A/B with its ablations: the `ab.json` of an `ab` run folder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AbReport {
+    /// Absent in files written before it was recorded (version 1).
+    #[serde(default = "ab_schema_v1")]
+    pub schema_version: u32,
+    pub a: Knobs,
+    pub b: Knobs,
+    pub config: AbConfig,
+    pub scenarios: Vec<ScenarioResult>,
+    /// B with one changed knob turned back off, against A, on the first scenario.
+    pub ablations: Vec<Ablation>,
+    /// The overall verdict: `refused` when any scenario failed the correctness gate.
+    pub verdict: String,
+}
+
+fn ab_schema_v1() -> u32 {
+    1
+}
+
+/// B with one knob turned back to A's value, against A.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ablation {
+    /// The knob turned back to A's value.
+    pub reverted: String,
+    pub knobs: Knobs,
+    pub ratio: f64,
+    pub ratio_lo: f64,
+    pub ratio_hi: f64,
+    pub verdict: Verdict,
+    pub correct: bool,
 }
 
 #[cfg(test)]

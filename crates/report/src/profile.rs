@@ -7,7 +7,7 @@ use opledger_core::profile::{CheckStatus, ProfileSummary};
 
 use crate::table::{markdown_table, text_table, Align};
 
-const BAND_HEADER: [&str; 7] = [
+pub(crate) const BAND_HEADER: [&str; 7] = [
     "band",
     "ms/token",
     "range (cycles)",
@@ -26,7 +26,7 @@ const BAND_ALIGN: [Align; 7] = [
     Align::Right,
 ];
 
-fn band_rows(s: &ProfileSummary) -> Vec<Vec<String>> {
+pub(crate) fn band_rows(s: &ProfileSummary) -> Vec<Vec<String>> {
     let mut rows: Vec<Vec<String>> = s
         .bands
         .iter()
@@ -50,13 +50,20 @@ fn band_rows(s: &ProfileSummary) -> Vec<Vec<String>> {
             "{:.1} %",
             s.bands.iter().map(|b| b.share).sum::<f64>() * 100.0
         ),
+        format!(
+            "{:.4}",
+            s.bands
+                .iter()
+                .map(|b| b.ms_per_token_corrected)
+                .sum::<f64>()
+        ),
         s.nodes.to_string(),
         (s.nodes - s.view_nodes).to_string(),
     ]);
     rows
 }
 
-fn mark(status: CheckStatus) -> &'static str {
+pub(crate) fn mark(status: CheckStatus) -> &'static str {
     match status {
         CheckStatus::Pass => "ok",
         CheckStatus::Warn => "WARN",
@@ -64,7 +71,7 @@ fn mark(status: CheckStatus) -> &'static str {
     }
 }
 
-fn heading(m: &Manifest, s: &ProfileSummary) -> (String, String) {
+pub(crate) fn heading(m: &Manifest, s: &ProfileSummary) -> (String, String) {
     let title = format!(
         "{} · {} · {} {} · {} · {} threads",
         m.model_label(),
@@ -88,7 +95,7 @@ fn heading(m: &Manifest, s: &ProfileSummary) -> (String, String) {
     (title, work)
 }
 
-fn figures(s: &ProfileSummary) -> Vec<String> {
+pub(crate) fn figures(s: &ProfileSummary) -> Vec<String> {
     let f = &s.fused_ms_spread;
     let a = &s.agreement_spread;
     let o = &s.overhead_spread;
@@ -139,7 +146,10 @@ fn figures(s: &ProfileSummary) -> Vec<String> {
     ]
 }
 
-fn contents_line(label: &str, rows: &[opledger_core::profile::NameRow]) -> Option<String> {
+pub(crate) fn contents_line(
+    label: &str,
+    rows: &[opledger_core::profile::NameRow],
+) -> Option<String> {
     if rows.is_empty() {
         return None;
     }
@@ -217,7 +227,13 @@ pub fn profile_markdown(m: &Manifest, s: &ProfileSummary) -> String {
     }
     let _ = writeln!(out, "\n| check | status | detail |\n| --- | --- | --- |");
     for c in &s.checks {
-        let _ = writeln!(out, "| {} | {} | {} |", c.name, mark(c.status), c.detail);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} |",
+            c.name,
+            mark(c.status),
+            crate::table::markdown_cell(&c.detail)
+        );
     }
     out
 }

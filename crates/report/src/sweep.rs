@@ -255,3 +255,86 @@ pub fn sweep_svg(title: &str, s: &SweepSummary) -> Result<String, String> {
     }
     Ok(svg)
 }
+
+/// The markdown rendering (after the per-depth table of [`crate::bench`]): fits, crossover and
+/// checks.
+pub fn sweep_markdown(m: &Manifest, s: &SweepSummary) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "## {} · {} · {} {} · {} · {} threads\n\nchunks of {} tokens at depths 0..{} ({} depths) · {} cycles, medians\n",
+        m.model_label(),
+        m.model.arch.arch,
+        m.engine.engine,
+        m.engine.version,
+        m.engine.backend,
+        m.engine.threads,
+        s.tokens,
+        s.max_depth,
+        s.chunks,
+        s.cycles
+    );
+    let fit_rows: Vec<Vec<String>> = s
+        .fits
+        .iter()
+        .map(|f| {
+            vec![
+                f.band.clone(),
+                format!("{:.4}", f.fit.a),
+                format!("{:.3e}", f.fit.b),
+                format!("{:.4}", f.fit.r2),
+                format!("{:.4}", f.mean_ms_per_token),
+                format!("{:.1} %", f.change * 100.0),
+                if f.flat { "flat" } else { "grows" }.to_string(),
+            ]
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "fits, ms/token = a + b x depth:\n\n{}\n",
+        crate::table::markdown_table(
+            &["band", "a", "b", "R²", "mean", "change", ""],
+            &[
+                Align::Left,
+                Align::Right,
+                Align::Right,
+                Align::Right,
+                Align::Right,
+                Align::Right,
+                Align::Left
+            ],
+            &fit_rows
+        )
+    );
+    if let Some(x) = &s.crossover {
+        let _ = writeln!(out, "- crossover: {}", x.text);
+    }
+    let _ = writeln!(
+        out,
+        "- mean |agreement| {:.2} % · lowest coverage {:.2} %",
+        s.mean_abs_agreement * 100.0,
+        s.min_coverage * 100.0
+    );
+    let _ = writeln!(out, "\n| check | status | detail |\n| --- | --- | --- |");
+    for c in &s.checks {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} |",
+            c.name,
+            mark(c.status),
+            crate::table::markdown_cell(&c.detail)
+        );
+    }
+    out
+}
+
+/// The title of a sweep's chart.
+pub fn sweep_chart_title(m: &Manifest, s: &SweepSummary) -> String {
+    format!(
+        "{} · {} · {} threads · chunk {}",
+        m.model_label(),
+        m.engine.engine,
+        m.engine.threads,
+        s.tokens
+    )
+}

@@ -24,6 +24,11 @@ pub fn markdown_table(header: &[&str], align: &[Align], rows: &[Vec<String>]) ->
     build(presets::ASCII_MARKDOWN, header, align, rows)
 }
 
+/// Text for a cell of a hand-written markdown table: a `|` would end the cell.
+pub fn markdown_cell(text: &str) -> String {
+    text.replace('|', "\\|")
+}
+
 fn build(preset: &str, header: &[&str], align: &[Align], rows: &[Vec<String>]) -> String {
     let mut t = Table::new();
     t.load_preset(preset)

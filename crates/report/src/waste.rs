@@ -10,7 +10,7 @@ use opledger_core::waste::{Kept, NodeNeed, WasteSummary};
 
 use crate::table::{markdown_table, text_table, Align};
 
-const BAND_HEADER: [&str; 6] = [
+pub(crate) const BAND_HEADER: [&str; 6] = [
     "band",
     "ms/token",
     "wasted ms/token",
@@ -18,7 +18,7 @@ const BAND_HEADER: [&str; 6] = [
     "of total",
     "nodes",
 ];
-const LAYER_HEADER: [&str; 6] = [
+pub(crate) const LAYER_HEADER: [&str; 6] = [
     "layer",
     "ms/token",
     "wasted ms/token",
@@ -26,7 +26,7 @@ const LAYER_HEADER: [&str; 6] = [
     "of total",
     "nodes",
 ];
-const NODE_HEADER: [&str; 8] = [
+pub(crate) const NODE_HEADER: [&str; 8] = [
     "#",
     "op",
     "name",
@@ -59,7 +59,7 @@ fn pct(x: f64) -> String {
     format!("{:.1} %", x * 100.0)
 }
 
-fn band_rows(s: &WasteSummary) -> Vec<Vec<String>> {
+pub(crate) fn band_rows(s: &WasteSummary) -> Vec<Vec<String>> {
     let mut rows: Vec<Vec<String>> = s
         .bands
         .iter()
@@ -89,7 +89,7 @@ fn layer_label(layer: Option<u32>) -> String {
     layer.map_or_else(|| "outside layers".into(), |l| l.to_string())
 }
 
-fn layer_rows(s: &WasteSummary) -> Vec<Vec<String>> {
+pub(crate) fn layer_rows(s: &WasteSummary) -> Vec<Vec<String>> {
     s.layers
         .iter()
         .map(|l| {
@@ -105,7 +105,7 @@ fn layer_rows(s: &WasteSummary) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn node_rows(s: &WasteSummary, top: usize) -> Vec<Vec<String>> {
+pub(crate) fn node_rows(s: &WasteSummary, top: usize) -> Vec<Vec<String>> {
     s.nodes
         .iter()
         .take(if top == 0 { usize::MAX } else { top })
@@ -128,7 +128,7 @@ fn node_rows(s: &WasteSummary, top: usize) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn heading(m: &Manifest, s: &WasteSummary) -> (String, String) {
+pub(crate) fn heading(m: &Manifest, s: &WasteSummary) -> (String, String) {
     let title = format!(
         "{} · {} · {} {} · {} · {} threads",
         m.model_label(),
@@ -161,7 +161,7 @@ pub fn headline(s: &WasteSummary) -> String {
     )
 }
 
-fn notes(s: &WasteSummary) -> Vec<String> {
+pub(crate) fn notes(s: &WasteSummary) -> Vec<String> {
     let mut out = vec![format!(
         "kept: {} logits node(s) holding {} row(s), {} cache write(s){}",
         s.kept.logits_nodes,

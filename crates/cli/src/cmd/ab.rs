@@ -7,10 +7,13 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use opledger_core::ab::{AbConfig, Knobs, ScenarioResult, Tolerance, Verdict};
+use opledger_core::ab::{
+    AbConfig, AbReport, Ablation, Knobs, ScenarioResult, Tolerance, Verdict, AB_SCHEMA_VERSION,
+};
 use opledger_core::engine::Work;
 use opledger_core::manifest::Manifest;
 use opledger_core::run_folder::{fresh_run_path, RunFolder};
+pub use opledger_report::ab::ab_text;
 use serde::Serialize;
 
 use super::common::{utc_stamp, ModelArgs};
@@ -135,40 +138,6 @@ pub struct DiscoverArgs {
     pub quiet: bool,
 }
 
-/// One A/B with its ablations.
-#[derive(Debug, Serialize)]
-pub struct AbReport {
-    pub a: Knobs,
-    pub b: Knobs,
-    pub config: AbConfig,
-    pub scenarios: Vec<ScenarioResult>,
-    /// B with one changed knob turned back off, against A, on the first scenario.
-    pub ablations: Vec<Ablation>,
-    /// The overall verdict: `refused` when any scenario failed the correctness gate.
-    pub verdict: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct Ablation {
-    /// The knob turned back to A's value.
-    pub reverted: String,
-    pub knobs: Knobs,
-    pub ratio: f64,
-    pub ratio_lo: f64,
-    pub ratio_hi: f64,
-    pub verdict: Verdict,
-    pub correct: bool,
-}
-
-fn verdict_name(v: Verdict) -> &'static str {
-    match v {
-        Verdict::Faster => "faster",
-        Verdict::Slower => "slower",
-        Verdict::NoChange => "no change",
-        Verdict::WithinNoise => "within noise",
-    }
-}
-
 fn overall(scenarios: &[ScenarioResult]) -> String {
     if scenarios.iter().any(|s| !s.correctness.passed) {
         return "refused: the model's output changed beyond the tolerance".into();
@@ -240,6 +209,7 @@ fn ab_with_ablations(
     }
     bar.finish_and_clear();
     Ok(AbReport {
+        schema_version: AB_SCHEMA_VERSION,
         a: a.clone(),
         b: b.clone(),
         config: cfg.clone(),
@@ -247,109 +217,6 @@ fn ab_with_ablations(
         scenarios,
         ablations,
     })
-}
-
-fn scenario_label(w: &Work) -> String {
-    if w.is_decode() {
-        format!(
-            "decode {}x{} @{}",
-            w.decode_tokens, w.parallel, w.depth_tokens
-        )
-    } else {
-        format!("prefill {} @{}", w.chunk_tokens, w.depth_tokens)
-    }
-}
-
-/// The terminal rendering of an A/B.
-pub fn ab_text(r: &AbReport) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let _ = writeln!(out, "A (baseline): {}\nB (candidate): {}\n", r.a, r.b);
-    let _ = writeln!(
-        out,
-        "{:<22} {:>10} {:>10} {:>7} {:>17} {:<13} {:>28} output",
-        "scenario", "A ms", "B ms", "B/A", "95 % interval", "verdict", "control: A vs A (halves)",
-    );
-    let med = |v: &[f64]| opledger_core::stats::median(v).unwrap_or(0.0);
-    for s in &r.scenarios {
-        let _ = writeln!(
-            out,
-            "{:<22} {:>10.2} {:>10.2} {:>7.3} {:>17} {:<13} {:>28} {}",
-            scenario_label(&s.work),
-            med(&s.a_ms),
-            med(&s.b_ms),
-            s.ratio,
-            format!("[{:.3}–{:.3}]", s.ratio_lo, s.ratio_hi),
-            verdict_name(s.verdict),
-            format!(
-                "{:.3} [{:.3}–{:.3}] {}",
-                s.control_ratio,
-                s.control_lo,
-                s.control_hi,
-                verdict_name(s.control_verdict)
-            ),
-            if s.correctness.passed {
-                format!(
-                    "same (top-1 {}/{}, rel {:.1e})",
-                    s.correctness.same_top1, s.correctness.rows, s.correctness.max_rel_error
-                )
-            } else {
-                format!(
-                    "CHANGED (top-1 {}/{}, rel {:.1e}, cos {:.5})",
-                    s.correctness.same_top1,
-                    s.correctness.rows,
-                    s.correctness.max_rel_error,
-                    s.correctness.min_cosine
-                )
-            }
-        );
-    }
-    if let Some(s) = r.scenarios.first() {
-        let _ = writeln!(
-            out,
-            "\nwhere the difference lives ({}), sorted by gap:",
-            scenario_label(&s.work)
-        );
-        let _ = writeln!(
-            out,
-            "  {:<18} {:>12} {:>12} {:>12} {:>8}",
-            "band", "A ms/token", "B ms/token", "gap", "B/A"
-        );
-        for row in &s.ledger {
-            let _ = writeln!(
-                out,
-                "  {:<18} {:>12.4} {:>12.4} {:>+12.4} {:>8.3}",
-                row.band, row.a_ms_per_token, row.b_ms_per_token, row.gap_ms_per_token, row.ratio
-            );
-        }
-    }
-    if !r.ablations.is_empty() {
-        let _ = writeln!(
-            out,
-            "\nablations (B with one change turned back off, against A, first scenario):"
-        );
-        for a in &r.ablations {
-            let _ = writeln!(
-                out,
-                "  without {:<12} ({}) B/A {:.3} [{:.3}–{:.3}] {}{}",
-                a.reverted,
-                a.knobs,
-                a.ratio,
-                a.ratio_lo,
-                a.ratio_hi,
-                verdict_name(a.verdict),
-                if a.correct { "" } else { ", output CHANGED" }
-            );
-        }
-    }
-    let noise: u32 = r.scenarios.iter().map(|s| s.gate.rejected).sum();
-    let _ = writeln!(
-        out,
-        "\nthresholds: faster/slower when the whole 95 % interval of B/A lies beyond ±{:.0} %, no change when it lies within; noise gate rejected and retook {noise} runs",
-        r.config.min_effect * 100.0
-    );
-    let _ = writeln!(out, "verdict: {}", r.verdict);
-    out
 }
 
 fn model_of(model: &ModelArgs) -> Result<(ModelFile, PathBuf, ModelArgs)> {

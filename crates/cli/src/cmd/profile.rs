@@ -12,6 +12,7 @@ use opledger_core::manifest::{Manifest, ModelRecord, MANIFEST_SCHEMA_VERSION};
 use opledger_core::profile::{self, CheckStatus, ProfileConfig, ProfileRaw, ProfileSummary};
 use opledger_core::run_folder::{fresh_run_path, RunFolder};
 use opledger_core::system::SystemSnapshot;
+use opledger_report::{Format, ProfileView, RenderOptions, RunView};
 
 use super::common::{utc_stamp, ModelArgs};
 use super::engines::{load_engine, EngineKind};
@@ -134,34 +135,32 @@ pub fn write_profile(
     Ok(summary)
 }
 
+/// The files a profile run folder holds beside its raw data, as (format, file) pairs.
+pub const PROFILE_FILES: [Format; 5] = [
+    Format::Json,
+    Format::Text,
+    Format::Md,
+    Format::Bands,
+    Format::Nodes,
+];
+
 /// Derives the summary and its renderings from raw data, handing each file to `emit`.
 pub fn render_profile(
     m: &Manifest,
     raw: &ProfileRaw,
     mut emit: impl FnMut(&str, &[u8]) -> Result<()>,
 ) -> Result<ProfileSummary> {
-    let (assignments, summary) = profile::analyse(raw, &m.band_rules, &m.model.arch)?;
-    let medians = profile::node_medians_us(raw);
-    let mut json = serde_json::to_vec_pretty(&summary)?;
-    json.push(b'\n');
-    emit("summary.json", &json)?;
-    emit(
-        "table.txt",
-        opledger_report::profile_text(m, &summary).as_bytes(),
-    )?;
-    emit(
-        "summary.md",
-        opledger_report::profile_markdown(m, &summary).as_bytes(),
-    )?;
-    emit(
-        "bands.csv",
-        opledger_report::bands_csv(&summary)?.as_bytes(),
-    )?;
-    emit(
-        "nodes.csv",
-        opledger_report::nodes_csv(&raw.graph, &assignments, &medians)?.as_bytes(),
-    )?;
-    Ok(summary)
+    let view = RunView::Profile(ProfileView::new(m, raw)?);
+    let opts = RenderOptions::default();
+    for format in PROFILE_FILES {
+        let name = opledger_report::render::file_name(&view, format)
+            .expect("a profile has every rendering it writes");
+        emit(name, &opledger_report::render(&view, format, &opts)?)?;
+    }
+    let RunView::Profile(v) = view else {
+        unreachable!()
+    };
+    Ok(v.summary)
 }
 
 pub fn run(args: ProfileArgs) -> Result<ExitCode> {
@@ -175,7 +174,11 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
         bail!("--parallel applies to decode (-n N)");
     }
     let model_path = args.model.path()?;
-    let file = ModelFile::open(&model_path)?;
+    // the llama.cpp gate for llama.cpp; candle reads files llama.cpp would refuse
+    let file = match args.engine {
+        EngineKind::LlamaCpp => ModelFile::open(&model_path)?,
+        EngineKind::Candle => ModelFile::open_structural(&model_path)?,
+    };
     let rules = load_rules(args.bands.as_deref(), &file.arch.arch)?;
     let label = model_path
         .file_stem()

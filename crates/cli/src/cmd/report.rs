@@ -1,112 +1,238 @@
-//! `opledger report`: re-render a stored run from its raw data, without measuring again.
+//! `opledger report`: re-render a stored run (profile, sweep, A/B, waste) from its raw data,
+//! without measuring again: one format to stdout, or several into a new write-once folder. The
+//! renderings themselves are pure functions in `opledger_report`; this file reads the folder and
+//! decides where the bytes go.
 
-use std::path::PathBuf;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use opledger_core::ab::AbReport;
 use opledger_core::manifest::Manifest;
-use opledger_core::profile::ProfileRaw;
+use opledger_core::node::NodeInfo;
+use opledger_core::profile::{CheckStatus, ProfileRaw};
 use opledger_core::run_folder::{open_complete, read_json, RunFolder};
-
-use super::profile::{exit_code, render_profile};
+use opledger_core::sweep::{load_folder, SweepConfig};
+use opledger_report::perfetto::TraceTracks;
+use opledger_report::render::{available, file_name};
+use opledger_report::{
+    render, AbView, Format, ProfileView, RenderOptions, RunView, SweepView, WasteView,
+};
 
 #[derive(Args)]
 pub struct ReportArgs {
-    /// The run folder.
+    /// The run folder (a profile, sweep, ab or waste run).
     run: PathBuf,
-    /// What to print on stdout.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    format: Format,
-    /// Write every rendering into this new folder instead.
+    /// Formats, comma-separated. Without -o exactly one, printed on stdout (default: text);
+    /// with -o every format the run has unless listed.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    format: Vec<FormatArg>,
+    /// Write the renderings into this new (write-once) folder instead of stdout.
     #[arg(short, long)]
     output: Option<PathBuf>,
+    /// Tracks of the Perfetto trace: one per band or one per layer.
+    #[arg(long, value_enum, default_value_t = TracksArg::Band)]
+    trace_tracks: TracksArg,
+    /// Nodes listed in a waste run's terminal table (0: all).
+    #[arg(long, default_value_t = 15)]
+    top: usize,
 }
 
-#[derive(ValueEnum, Clone, Copy, PartialEq, Eq)]
-enum Format {
+#[derive(ValueEnum, Clone, Copy, PartialEq, Eq, Debug)]
+enum FormatArg {
+    /// The terminal table.
     Text,
+    /// llama-bench-style markdown table, then the run's markdown summary.
     Md,
+    /// llama-bench-style CSV: a row per test, a column per band's ms/token.
     Csv,
+    /// One CSV row per band (profile) or per depth (sweep).
+    Bands,
+    /// The schema-versioned summary (ab.json for an A/B).
     Json,
+    /// Every node with its band, shapes and median time.
     Nodes,
+    /// A single-file HTML report.
+    Html,
+    /// SQL inserts for SQLite.
+    Sql,
+    /// A Perfetto / Chrome trace of the median TIMED cycle.
+    Perfetto,
+    /// The run's chart.
+    Svg,
+}
+
+impl From<FormatArg> for Format {
+    fn from(f: FormatArg) -> Format {
+        match f {
+            FormatArg::Text => Format::Text,
+            FormatArg::Md => Format::Md,
+            FormatArg::Csv => Format::Csv,
+            FormatArg::Bands => Format::Bands,
+            FormatArg::Json => Format::Json,
+            FormatArg::Nodes => Format::Nodes,
+            FormatArg::Html => Format::Html,
+            FormatArg::Sql => Format::Sql,
+            FormatArg::Perfetto => Format::Perfetto,
+            FormatArg::Svg => Format::Svg,
+        }
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, PartialEq, Eq, Debug)]
+enum TracksArg {
+    Band,
+    Layer,
+}
+
+/// What a run folder holds, read from disk; views borrow from it.
+enum Stored {
+    Profile(Manifest, ProfileRaw),
+    Sweep(Manifest, SweepConfig, Vec<NodeInfo>),
+    Ab(Manifest, AbReport),
+    Waste(Manifest, ProfileRaw, Option<String>),
+}
+
+fn load(dir: &Path) -> Result<Stored> {
+    let m: Manifest = read_json(&dir.join("manifest.json"))?;
+    Ok(match m.command.as_str() {
+        "profile" => {
+            let raw = read_json(&dir.join("raw.json"))?;
+            Stored::Profile(m, raw)
+        }
+        "sweep" => {
+            let cfg = read_json(&dir.join("config.json"))?;
+            let graph = read_json(&dir.join("graph.json"))?;
+            Stored::Sweep(m, cfg, graph)
+        }
+        "ab" => {
+            let r = read_json(&dir.join("ab.json"))?;
+            Stored::Ab(m, r)
+        }
+        "waste" => {
+            let raw = read_json(&dir.join("raw.json"))?;
+            // where the timings came from is recorded in the summary only
+            let source = read_json::<serde_json::Value>(&dir.join("summary.json"))
+                .ok()
+                .and_then(|v| {
+                    v.get("source_run")
+                        .and_then(|s| s.as_str())
+                        .map(String::from)
+                });
+            Stored::Waste(m, raw, source)
+        }
+        other => bail!(
+            "{}: a '{other}' run; report renders profile, sweep, ab and waste runs",
+            dir.display()
+        ),
+    })
 }
 
 pub fn run(args: ReportArgs) -> Result<ExitCode> {
     let dir = open_complete(&args.run)?;
-    let m: Manifest = read_json(&dir.join("manifest.json"))?;
-    if m.command == "sweep" {
-        return sweep_report(&dir, &m, &args);
-    }
-    if m.command != "profile" {
-        bail!(
-            "{}: a '{}' run; report renders profile and sweep runs",
-            dir.display(),
-            m.command
-        );
-    }
-    let raw: ProfileRaw = read_json(&dir.join("raw.json"))?;
-    if let Some(out) = &args.output {
-        let folder = RunFolder::create(out)?;
-        let summary = render_profile(&m, &raw, |name, bytes| {
-            folder.write(name, bytes).map(|_| ()).map_err(Into::into)
-        })?;
-        folder.finish()?;
-        return Ok(exit_code(&summary));
-    }
-    let wanted = match args.format {
-        Format::Text => "table.txt",
-        Format::Md => "summary.md",
-        Format::Csv => "bands.csv",
-        Format::Json => "summary.json",
-        Format::Nodes => "nodes.csv",
-    };
-    let mut printed = false;
-    let summary = render_profile(&m, &raw, |name, bytes| {
-        if name == wanted {
-            use std::io::Write;
-            std::io::stdout()
-                .write_all(bytes)
-                .context("writing to stdout")?;
-            printed = true;
+    let stored = load(&dir)?;
+    let sweep_data;
+    let view = match &stored {
+        Stored::Profile(m, raw) => RunView::Profile(
+            ProfileView::new(m, raw).with_context(|| format!("summarising {}", dir.display()))?,
+        ),
+        Stored::Sweep(m, cfg, graph) => {
+            sweep_data = load_folder(&dir)?;
+            RunView::Sweep(
+                SweepView::new(m, cfg, graph, &sweep_data.0, &sweep_data.1)
+                    .with_context(|| format!("summarising {}", dir.display()))?,
+            )
         }
-        Ok(())
-    })?;
-    debug_assert!(printed);
-    Ok(exit_code(&summary))
+        Stored::Ab(m, r) => RunView::Ab(AbView {
+            manifest: m,
+            report: r,
+        }),
+        Stored::Waste(m, raw, source) => RunView::Waste(
+            WasteView::new(m, raw, source.clone())
+                .with_context(|| format!("analysing {}", dir.display()))?,
+        ),
+    };
+    let opts = RenderOptions {
+        trace_tracks: match args.trace_tracks {
+            TracksArg::Band => TraceTracks::Band,
+            TracksArg::Layer => TraceTracks::Layer,
+        },
+        waste_top: args.top,
+    };
+    let mut formats: Vec<Format> = Vec::new();
+    for f in args.format.iter().map(|&f| Format::from(f)) {
+        if !formats.contains(&f) {
+            formats.push(f);
+        }
+    }
+    match &args.output {
+        None => {
+            let format = match formats.as_slice() {
+                [] => Format::Text,
+                [one] => *one,
+                _ => bail!(
+                    "{} formats asked for: stdout takes one; write several with -o DIR",
+                    formats.len()
+                ),
+            };
+            let bytes = render(&view, format, &opts)?;
+            std::io::stdout()
+                .write_all(&bytes)
+                .context("writing to stdout")?;
+        }
+        Some(out) => {
+            if formats.is_empty() {
+                formats = available(&view);
+            }
+            // refuse a format the run lacks before creating anything
+            for &f in &formats {
+                if file_name(&view, f).is_none() {
+                    render(&view, f, &opts)?;
+                }
+            }
+            let folder = RunFolder::create(out)?;
+            for &f in &formats {
+                let name = file_name(&view, f).expect("checked above");
+                folder.write(name, &render(&view, f, &opts)?)?;
+            }
+            folder.finish()?;
+        }
+    }
+    Ok(exit_code(&view))
 }
 
-fn sweep_report(dir: &std::path::Path, m: &Manifest, args: &ReportArgs) -> Result<ExitCode> {
-    use super::sweep::render_sweep;
-    let cfg: opledger_core::sweep::SweepConfig = read_json(&dir.join("config.json"))?;
-    if let Some(out) = &args.output {
-        let folder = RunFolder::create(out)?;
-        render_sweep(dir, m, &cfg, |name, bytes| {
-            folder.write(name, bytes).map(|_| ()).map_err(Into::into)
-        })?;
-        folder.finish()?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let wanted = match args.format {
-        Format::Text => "table.txt",
-        Format::Md | Format::Nodes => bail!(
-            "a sweep has no {} rendering; try text, csv or json",
-            match args.format {
-                Format::Md => "markdown",
-                _ => "per-node",
-            }
-        ),
-        Format::Csv => "depths.csv",
-        Format::Json => "summary.json",
-    };
-    render_sweep(dir, m, &cfg, |name, bytes| {
-        if name == wanted {
-            use std::io::Write;
-            std::io::stdout()
-                .write_all(bytes)
-                .context("writing to stdout")?;
+/// 3 when a check failed (as the measuring command would exit), 4 for an A/B refused by the
+/// correctness gate, else 0.
+fn exit_code(view: &RunView) -> ExitCode {
+    let failed: Vec<(String, String)> = match view {
+        RunView::Profile(v) => v
+            .summary
+            .checks
+            .iter()
+            .filter(|c| c.status == CheckStatus::Fail)
+            .map(|c| (c.name.clone(), c.detail.clone()))
+            .collect(),
+        RunView::Sweep(v) => v
+            .summary
+            .checks
+            .iter()
+            .filter(|c| c.status == CheckStatus::Fail)
+            .map(|c| (c.name.clone(), c.detail.clone()))
+            .collect(),
+        RunView::Ab(v) if v.report.verdict.starts_with("refused") => {
+            eprintln!("verdict: {}", v.report.verdict);
+            return ExitCode::from(4);
         }
-        Ok(())
-    })?;
-    Ok(ExitCode::SUCCESS)
+        RunView::Ab(_) | RunView::Waste(_) => Vec::new(),
+    };
+    for (name, detail) in &failed {
+        eprintln!("check failed: {name}: {detail}");
+    }
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    }
 }

@@ -6,15 +6,15 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use opledger_core::band::Categoriser;
 use opledger_core::engine::Work;
 use opledger_core::manifest::Manifest;
 use opledger_core::memory;
 use opledger_core::node::NodeInfo;
 use opledger_core::profile::CheckStatus;
 use opledger_core::run_folder::{fresh_run_path, read_json, RunFolder};
-use opledger_core::sweep::{band_index, load_folder, summarise_sweep, SweepConfig, SweepSummary};
+use opledger_core::sweep::{load_folder, SweepConfig, SweepSummary};
 use opledger_core::system::SystemSnapshot;
+use opledger_report::{Format, RenderOptions, RunView, SweepView};
 
 use super::common::{utc_stamp, ModelArgs};
 use super::profile::{load_rules, manifest};
@@ -258,33 +258,17 @@ pub fn render_sweep(
 ) -> Result<SweepSummary> {
     let graph: Vec<NodeInfo> = read_json(&dir.join("graph.json"))?;
     let (records, passes) = load_folder(dir)?;
-    let rules = &m.band_rules;
-    let assignments = Categoriser::new(rules, &m.model.arch).categorise(&graph);
-    let bands: Vec<String> = rules.bands.iter().map(|b| b.name.clone()).collect();
-    let index = band_index(&assignments, &bands);
-    let summary = summarise_sweep(cfg, rules, &graph, &index, &records, &passes)?;
-    let mut json = serde_json::to_vec_pretty(&summary)?;
-    json.push(b'\n');
-    emit("summary.json", &json)?;
-    emit(
-        "table.txt",
-        opledger_report::sweep::sweep_text(m, &summary).as_bytes(),
-    )?;
-    emit(
-        "depths.csv",
-        opledger_report::sweep::sweep_csv(&summary)?.as_bytes(),
-    )?;
-    let title = format!(
-        "{} · {} · {} threads · chunk {}",
-        m.model_label(),
-        m.engine.engine,
-        m.engine.threads,
-        summary.tokens
-    );
-    let svg = opledger_report::sweep::sweep_svg(&title, &summary)
-        .map_err(|e| anyhow::anyhow!("drawing the chart: {e}"))?;
-    emit("chart.svg", svg.as_bytes())?;
-    Ok(summary)
+    let view = RunView::Sweep(SweepView::new(m, cfg, &graph, &records, &passes)?);
+    let opts = RenderOptions::default();
+    for format in [Format::Json, Format::Text, Format::Bands, Format::Svg] {
+        let name = opledger_report::render::file_name(&view, format)
+            .expect("a sweep has every rendering it writes");
+        emit(name, &opledger_report::render(&view, format, &opts)?)?;
+    }
+    let RunView::Sweep(v) = view else {
+        unreachable!()
+    };
+    Ok(v.summary)
 }
 
 fn exit_code(summary: &SweepSummary) -> ExitCode {

@@ -9,9 +9,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use opledger_core::engine::Work;
 use opledger_core::manifest::Manifest;
-use opledger_core::profile::{node_medians_us, ProfileConfig, ProfileRaw};
+use opledger_core::profile::{ProfileConfig, ProfileRaw};
 use opledger_core::run_folder::{fresh_run_path, open_complete, read_json, RunFolder};
-use opledger_core::waste::{self, WasteSummary};
+use opledger_core::waste::WasteSummary;
+use opledger_report::{Format, RenderOptions, RunView, WasteView};
 
 use super::common::{utc_stamp, ModelArgs};
 use super::profile::load_rules;
@@ -65,31 +66,20 @@ pub fn render_waste(
     top: usize,
     mut emit: impl FnMut(&str, &[u8]) -> Result<()>,
 ) -> Result<WasteSummary> {
-    let (assignments, needs, mut summary) =
-        waste::analyse(raw, &m.band_rules, &m.model.arch).context("analysing the graph")?;
-    summary.source_run = source_run;
-    let mut json = serde_json::to_vec_pretty(&summary)?;
-    json.push(b'\n');
-    emit("summary.json", &json)?;
-    emit(
-        "table.txt",
-        opledger_report::waste::waste_text(m, &summary, top).as_bytes(),
-    )?;
-    emit(
-        "summary.md",
-        opledger_report::waste::waste_markdown(m, &summary).as_bytes(),
-    )?;
-    emit(
-        "nodes.csv",
-        opledger_report::waste::waste_nodes_csv(
-            &raw.graph,
-            &assignments,
-            &needs,
-            &node_medians_us(raw),
-        )?
-        .as_bytes(),
-    )?;
-    Ok(summary)
+    let view = RunView::Waste(WasteView::new(m, raw, source_run).context("analysing the graph")?);
+    let opts = RenderOptions {
+        waste_top: top,
+        ..RenderOptions::default()
+    };
+    for format in [Format::Json, Format::Text, Format::Md, Format::Nodes] {
+        let name = opledger_report::render::file_name(&view, format)
+            .expect("a waste run has every rendering it writes");
+        emit(name, &opledger_report::render(&view, format, &opts)?)?;
+    }
+    let RunView::Waste(v) = view else {
+        unreachable!()
+    };
+    Ok(v.summary)
 }
 
 /// The manifest and raw data of a stored profile run, re-labelled as this waste run.

@@ -1,0 +1,145 @@
+//! Every format of every kind of run, rendered from the deterministic fixture and pinned by insta
+//! snapshots (tests/snapshots/); rendering twice gives the same bytes.
+
+mod fixture;
+
+use opledger_core::manifest::Manifest;
+use opledger_core::profile::ProfileRaw;
+use opledger_report::perfetto::TraceTracks;
+use opledger_report::render::{available, file_name};
+use opledger_report::{
+    render, AbView, Format, ProfileView, RenderOptions, RunView, SweepView, WasteView,
+};
+
+struct Data {
+    profile: (Manifest, ProfileRaw),
+    sweep: (
+        Manifest,
+        opledger_core::sweep::SweepConfig,
+        Vec<opledger_core::node::NodeInfo>,
+        Vec<opledger_core::sweep::ChunkRecord>,
+        Vec<opledger_core::sweep::PassLog>,
+    ),
+    ab: (Manifest, opledger_core::ab::AbReport),
+    waste: (Manifest, ProfileRaw),
+}
+
+fn data() -> Data {
+    let (cfg, graph, records, passes) = fixture::sweep_data();
+    Data {
+        profile: (fixture::manifest("profile"), fixture::profile_raw()),
+        sweep: (fixture::manifest("sweep"), cfg, graph, records, passes),
+        ab: (fixture::manifest("ab"), fixture::ab_report()),
+        waste: (fixture::manifest("waste"), fixture::profile_raw()),
+    }
+}
+
+fn views(d: &Data) -> Vec<RunView<'_>> {
+    vec![
+        RunView::Profile(ProfileView::new(&d.profile.0, &d.profile.1).unwrap()),
+        RunView::Sweep(
+            SweepView::new(&d.sweep.0, &d.sweep.1, &d.sweep.2, &d.sweep.3, &d.sweep.4).unwrap(),
+        ),
+        RunView::Ab(AbView {
+            manifest: &d.ab.0,
+            report: &d.ab.1,
+        }),
+        RunView::Waste(
+            WasteView::new(&d.waste.0, &d.waste.1, Some(fixture::WASTE_SOURCE.into())).unwrap(),
+        ),
+    ]
+}
+
+fn text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).expect("every rendering is UTF-8")
+}
+
+#[test]
+fn every_format_of_every_run_is_pinned() {
+    let d = data();
+    let opts = RenderOptions::default();
+    let mut rendered = 0;
+    for view in views(&d) {
+        for format in available(&view) {
+            let bytes = render(&view, format, &opts).unwrap();
+            let again = render(&view, format, &opts).unwrap();
+            assert_eq!(
+                bytes,
+                again,
+                "{} {} differs between renders",
+                view.kind(),
+                format.name()
+            );
+            let name = format!("{}_{}", view.kind(), file_name(&view, format).unwrap());
+            insta::assert_snapshot!(name, text(bytes));
+            rendered += 1;
+        }
+    }
+    // profile 10, sweep 8, ab 7, waste 9
+    assert_eq!(rendered, 34);
+}
+
+#[test]
+fn the_layer_trace_is_pinned() {
+    let d = data();
+    let view = RunView::Profile(ProfileView::new(&d.profile.0, &d.profile.1).unwrap());
+    let opts = RenderOptions {
+        trace_tracks: TraceTracks::Layer,
+        ..RenderOptions::default()
+    };
+    insta::assert_snapshot!(
+        "profile_trace_layers.json",
+        text(render(&view, Format::Perfetto, &opts).unwrap())
+    );
+}
+
+#[test]
+fn a_format_a_run_lacks_is_refused_with_the_list() {
+    let d = data();
+    let views = views(&d);
+    let err = render(&views[1], Format::Perfetto, &RenderOptions::default()).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("a sweep run has no perfetto rendering"),
+        "{msg}"
+    );
+    assert!(msg.contains("html"), "{msg}");
+    assert!(render(&views[2], Format::Nodes, &RenderOptions::default()).is_err());
+}
+
+#[test]
+fn json_carries_its_schema_version() {
+    let d = data();
+    for view in views(&d) {
+        let v: serde_json::Value = serde_json::from_slice(
+            &render(&view, Format::Json, &RenderOptions::default()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(v["schema_version"], 1, "{}", view.kind());
+    }
+}
+
+#[test]
+fn an_ab_report_round_trips_through_json_with_nan_ratios() {
+    let r = fixture::ab_report();
+    let bytes = serde_json::to_vec_pretty(&r).unwrap();
+    let back: opledger_core::ab::AbReport = serde_json::from_slice(&bytes).unwrap();
+    assert!(back.scenarios[1]
+        .ledger
+        .iter()
+        .any(|l| l.band == "other" && l.ratio.is_nan()));
+    assert_eq!(serde_json::to_vec_pretty(&back).unwrap(), bytes);
+}
+
+#[test]
+fn the_fixture_profile_passes_the_census_and_coverage() {
+    let d = data();
+    let v = ProfileView::new(&d.profile.0, &d.profile.1).unwrap();
+    assert!(
+        v.census.mismatches().is_empty(),
+        "{:?}",
+        v.census.mismatches()
+    );
+    assert_eq!(v.summary.coverage, 1.0);
+    assert!(v.summary.audit.is_empty());
+}
