@@ -250,6 +250,23 @@ impl Engine for CandleEngine {
         Ok(inst.captured)
     }
 
+    fn replay(
+        &mut self,
+        _cut: &[bool],
+        replay: &[bool],
+        k: u32,
+    ) -> Result<ChunkTiming, EngineError> {
+        // candle runs eagerly: there is no graph to cut, only ops to run again
+        let mut inst = Instrument::replay(replay.to_vec(), k);
+        let (wall_ms, output_hash) = self.run_with(&mut inst)?;
+        Ok(ChunkTiming {
+            wall_ms,
+            node_us: Vec::new(),
+            nodes_seen: inst.nodes_seen,
+            output_hash,
+        })
+    }
+
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
         match mode {
             Mode::Fused => {

@@ -23,6 +23,11 @@ enum Command {
     Sweep(opledger::cmd::sweep::SweepArgs),
     /// The census of the graph llama.cpp computes for a chunk, checked against the architecture.
     Graph(opledger::cmd::graph::GraphArgs),
+    /// Two stored profile runs side by side by band, sorted by gap.
+    Compare(opledger::cmd::ledger::CompareArgs),
+    /// Profile two engines on the same model and compare them band by band (share x wall and
+    /// in-graph replay), with byte and FLOP math.
+    Ledger(opledger::cmd::ledger::LedgerArgs),
     /// Time every distinct op of the graph alone (expert matmuls under three routings) against
     /// the in-graph band times.
     Ops(opledger::cmd::ops::OpsArgs),
@@ -45,6 +50,8 @@ fn main() -> ExitCode {
         Command::Sweep(a) => opledger::cmd::sweep::run(a),
         Command::Graph(a) => opledger::cmd::graph::run(a),
         Command::Ops(a) => opledger::cmd::ops::run(a),
+        Command::Compare(a) => opledger::cmd::ledger::run_compare(a),
+        Command::Ledger(a) => opledger::cmd::ledger::run_ledger(a),
         Command::Ab(a) => opledger::cmd::ab::run_ab(a),
         Command::Discover(a) => opledger::cmd::ab::run_discover(a),
         Command::Report(a) => opledger::cmd::report::run(a),

@@ -143,6 +143,35 @@ pub trait Engine {
         })
     }
 
+    /// In-graph replay: runs the prepared chunk at native speed except that the graph is cut at
+    /// every node where `cut[i]`, and node `i` is dispatched `k` extra times into scratch
+    /// outputs where `replay[i]`; outputs must stay bit-identical (`output_hash`).
+    fn replay(
+        &mut self,
+        cut: &[bool],
+        replay: &[bool],
+        k: u32,
+    ) -> Result<ChunkTiming, EngineError> {
+        let _ = (cut, replay, k);
+        Err(EngineError::Unsupported {
+            what: "in-graph replay".into(),
+            why: "this engine cannot dispatch a node again".into(),
+        })
+    }
+
+    /// Distinct experts each expert matmul of the prepared chunk really routes to (node index ->
+    /// count), from a real run's ids; `None` where the engine cannot tell.
+    fn routed_experts(
+        &mut self,
+    ) -> Result<Option<std::collections::BTreeMap<u32, u32>>, EngineError> {
+        Ok(None)
+    }
+
+    /// GFLOP/s of the engine's own matmul kernel on a large F32 GEMM, and its shape.
+    fn gemm_peak(&mut self) -> Result<Option<(f64, String)>, EngineError> {
+        Ok(None)
+    }
+
     /// What isolating one node costs in TIMED mode, in µs per node, measured now on a
     /// calibration graph of trivial nodes (`None`: the engine cannot measure it; the summary then
     /// falls back on the graph's own nodes that do no work).

@@ -91,6 +91,8 @@ pub struct LlamaEngine {
     load_ms: f64,
     /// The mode of the last run, whose context holds the logits.
     last_mode: Option<Mode>,
+    /// The largest node output of the captured graph: the replay scratch buffer's size.
+    replay_scratch_bytes: usize,
 }
 
 impl LlamaEngine {
@@ -120,6 +122,7 @@ impl LlamaEngine {
             graph_ops: None,
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
             last_mode: None,
+            replay_scratch_bytes: 0,
         })
     }
 
@@ -582,6 +585,11 @@ impl Engine for LlamaEngine {
         self.state = state;
         let (nodes, ops) = result?;
         self.graph_ops = Some(ops);
+        self.replay_scratch_bytes = nodes
+            .iter()
+            .map(|n| n.out.size_bytes as usize)
+            .max()
+            .unwrap_or(0);
         Ok(nodes)
     }
 
@@ -611,6 +619,105 @@ impl Engine for LlamaEngine {
     fn isolation_cost_us(&mut self) -> Result<Option<f64>, EngineError> {
         let c = crate::calibrate::isolation_cost(&self.pool, 64, 3)?;
         Ok(Some(c.per_node_us))
+    }
+
+    fn replay(
+        &mut self,
+        cut: &[bool],
+        replay: &[bool],
+        k: u32,
+    ) -> Result<ChunkTiming, EngineError> {
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("replay() before prepare()".into()))?;
+        if work.is_decode() {
+            return Err(EngineError::Unsupported {
+                what: "replay of decode runs".into(),
+                why: "replay measures one prefill chunk".into(),
+            });
+        }
+        let scratch = self.replay_scratch_bytes.max(1);
+        let pool = self.pool.clone();
+        let chunk = std::mem::take(&mut self.chunk);
+        let state = std::mem::take(&mut self.state);
+        let result = (|| {
+            let ctx = self.context(Mode::FusedObserved)?;
+            ctx.restore_state(&state)?;
+            ctx.set_observe_mode(ObserveMode::Replay)?;
+            let obs = ctx.observer_mut()?;
+            if obs.replayer.is_none() {
+                obs.replayer = Some(crate::replay::Replayer::new(&pool, scratch, 16)?);
+            }
+            obs.plan = crate::replay::ReplayPlan {
+                cut: cut.to_vec(),
+                replay: replay.to_vec(),
+                k,
+            };
+            let t0 = Instant::now();
+            ctx.decode(&chunk, work.depth_tokens, work.all_logits)?;
+            let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let hash = hash_f32(&ctx.logits(-1)?);
+            let obs = ctx.observer_mut()?;
+            let nodes_seen = obs.nodes_seen;
+            let failed = obs.replayer.as_ref().map(|r| r.skipped).unwrap_or(0);
+            Ok::<_, EngineError>((wall_ms, hash, nodes_seen, failed))
+        })();
+        self.chunk = chunk;
+        self.state = state;
+        self.last_mode = Some(Mode::FusedObserved);
+        let (wall_ms, output_hash, nodes_seen, _skipped) = result?;
+        Ok(ChunkTiming {
+            wall_ms,
+            node_us: Vec::new(),
+            nodes_seen,
+            output_hash,
+        })
+    }
+
+    fn routed_experts(&mut self) -> Result<Option<BTreeMap<u32, u32>>, EngineError> {
+        let ids = self.capture_routing()?;
+        Ok(Some(
+            ids.into_iter()
+                .map(|(i, ids)| (i, opledger_core::ops::distinct_experts(&ids)))
+                .collect(),
+        ))
+    }
+
+    fn gemm_peak(&mut self) -> Result<Option<(f64, String)>, EngineError> {
+        // F32 [4096, 4096] x [4096, 512], ggml's own matmul on this engine's thread pool
+        let (k, n, m) = (4096i64, 4096i64, 512i64);
+        let desc = |name: &str, ne: [i64; 4], weight: bool| opledger_core::node::TensorDesc {
+            name: name.into(),
+            ne,
+            ggml_type: "f32".into(),
+            size_bytes: (ne[0] * ne[1] * 4) as u64,
+            is_weight: weight,
+            producer: None,
+            nb: [0; 4],
+        };
+        let node = NodeInfo {
+            index: 0,
+            op: "MUL_MAT".into(),
+            name: "gemm_probe".into(),
+            layer: None,
+            out: desc("out", [n, m, 1, 1], false),
+            srcs: vec![
+                Some(desc("w", [k, n, 1, 1], true)),
+                Some(desc("x", [k, m, 1, 1], false)),
+            ],
+            is_view: false,
+            inplace: false,
+            skipped: false,
+            op_code: Some(llama_cpp_sys_2::GGML_OP_MUL_MAT),
+            op_params: Vec::new(),
+        };
+        let t = self.time_node(&node, None, 5, 0)?;
+        let flops = 2.0 * (k * n * m) as f64;
+        Ok(Some((
+            flops / (t.median_us / 1e6) / 1e9,
+            format!("F32 {k}x{n} x {k}x{m}"),
+        )))
     }
 
     fn prepare_sweep(&mut self, work: &Work, chunks: u32) -> Result<(), EngineError> {

@@ -10,6 +10,7 @@ pub mod error;
 pub mod model;
 pub mod observer;
 pub mod optime;
+pub mod replay;
 
 pub use backend::Backend;
 pub use context::{Context, ContextParams, FlashAttn, KvType, ThreadPool};

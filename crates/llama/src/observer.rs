@@ -21,6 +21,9 @@ pub enum ObserveMode {
     Capture,
     /// Answer "yes" to every ask: every node computed alone, timed from ask to observe.
     Timed,
+    /// Cut the graph at the plan's nodes and replay some of them k extra times into scratch
+    /// (see [`crate::replay`]).
+    Replay,
 }
 
 /// The callback's state. Lives in a Box owned by the context; llama.cpp holds a raw pointer to
@@ -43,6 +46,9 @@ pub(crate) struct Observer {
     /// `[n_used, n_tokens]`): (node index, ids).
     pub capture_ids: bool,
     pub ids: Vec<(u32, Vec<i32>)>,
+    /// Replay mode: what to cut and replay, and the resources to do it.
+    pub plan: crate::replay::ReplayPlan,
+    pub replayer: Option<crate::replay::Replayer>,
 }
 
 impl Observer {
@@ -58,6 +64,8 @@ impl Observer {
             panic: None,
             capture_ids: false,
             ids: Vec::new(),
+            plan: crate::replay::ReplayPlan::default(),
+            replayer: None,
         }
     }
 
@@ -76,6 +84,22 @@ impl Observer {
 
     fn on_eval(&mut self, t: &sys::ggml_tensor, ask: bool) -> bool {
         match (self.mode, ask) {
+            (ObserveMode::Replay, true) => {
+                let i = self.nodes_seen as usize;
+                self.nodes_seen += 1;
+                self.plan.cut.get(i).copied().unwrap_or(false)
+            }
+            (ObserveMode::Replay, false) => {
+                let i = self.nodes_seen.saturating_sub(1) as usize;
+                if self.plan.replay.get(i).copied().unwrap_or(false) {
+                    if let Some(r) = self.replayer.as_mut() {
+                        // SAFETY: t is the node the scheduler just computed; its sources are
+                        // live tensors of the graph being computed.
+                        return unsafe { r.replay(t as *const _ as *mut _, self.plan.k) };
+                    }
+                }
+                true
+            }
             (ObserveMode::Timed, true) => {
                 self.nodes_seen += 1;
                 self.t_ask = Some(Instant::now());

@@ -8,6 +8,7 @@ pub mod ab;
 pub mod bench;
 pub mod census;
 pub mod html;
+pub mod ledger;
 pub mod nodes;
 pub mod ops;
 pub mod perfetto;

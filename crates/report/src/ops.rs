@@ -49,8 +49,9 @@ pub fn ops_text(title: &str, s: &OpsSummary) -> String {
     if let (Some(u), Some(m)) = (s.moe_first_k_undercount, &s.moe_band) {
         let _ = writeln!(
             out,
-            "first-k routing (every token on experts 0..k-1) puts the {m} band {:.1} % below captured routing\n",
-            u * 100.0
+            "first-k routing (every token on experts 0..k-1) puts the {m} band {:.1} % {} captured routing\n",
+            u.abs() * 100.0,
+            if u >= 0.0 { "below" } else { "above" }
         );
     }
     let expert: Vec<Vec<String>> = s

@@ -4,6 +4,7 @@ pub mod ab;
 pub mod common;
 pub mod engines;
 pub mod graph;
+pub mod ledger;
 pub mod ops;
 pub mod profile;
 pub mod report;

@@ -1,0 +1,492 @@
+//! The ledger: two profiles of the same work (two engines, builds, configurations or models)
+//! side by side by band, sorted by gap, with each side's coverage and agreement, a "leave alone"
+//! mark where the side being optimised is already ahead, and byte and FLOP math per band
+//! (bytes ratio against time ratio says whether a band is bandwidth-bound).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::band::Assignment;
+use crate::node::NodeInfo;
+use crate::peaks::Peaks;
+use crate::profile::ProfileSummary;
+use crate::replay::ReplayResult;
+
+pub const LEDGER_SCHEMA_VERSION: u32 = 1;
+
+/// Bytes and FLOPs of one band for one chunk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Work {
+    /// Weight bytes read (expert matmuls: the experts routed to only, where known).
+    pub weight_bytes: u64,
+    /// Activation bytes read and written (sources that are not weights, and outputs).
+    pub activation_bytes: u64,
+    /// 2·M·N·K of every matmul (per routed token for expert matmuls) and the attention core.
+    pub flops: f64,
+}
+
+/// FLOPs and bytes of every band of a graph. `experts_routed[i]`: how many distinct experts the
+/// expert matmul at node `i` really used (from captured ids); without it, every expert counts
+/// (an upper bound, flagged by the caller).
+pub fn band_work(
+    graph: &[NodeInfo],
+    assignments: &[Assignment],
+    experts_routed: &BTreeMap<u32, u32>,
+) -> BTreeMap<String, Work> {
+    let mut out: BTreeMap<String, Work> = BTreeMap::new();
+    for (n, a) in graph.iter().zip(assignments) {
+        if !n.is_working() {
+            continue;
+        }
+        let w = out.entry(a.band.clone()).or_default();
+        let elems = |ne: [i64; 4]| ne.iter().map(|&d| d.max(0) as f64).product::<f64>();
+        match n.op.as_str() {
+            "MUL_MAT" => {
+                if let Some(src0) = n.src(0) {
+                    // out[N, M...] = src0[K, N] x src1[K, M]: 2 K per output element
+                    w.flops += 2.0 * src0.ne[0] as f64 * elems(n.out.ne);
+                }
+            }
+            "MUL_MAT_ID" => {
+                if let Some(src0) = n.src(0) {
+                    // out[N, n_used, T]: each routed token's N outputs cost 2 K
+                    w.flops += 2.0 * src0.ne[0] as f64 * elems(n.out.ne);
+                }
+            }
+            "FLASH_ATTN_EXT" => {
+                // q[hd, T, heads], k[hd, n_kv, heads_kv]: QK^T and PV, 2 hd n_kv each per head/row
+                if let (Some(q), Some(k)) = (n.src(0), n.src(1)) {
+                    w.flops +=
+                        4.0 * q.ne[0] as f64 * k.ne[1] as f64 * q.ne[1] as f64 * q.ne[2] as f64;
+                }
+            }
+            _ => {}
+        }
+        for (slot, s) in n.srcs.iter().enumerate() {
+            let Some(s) = s else { continue };
+            if s.is_weight {
+                let bytes = if n.op == "MUL_MAT_ID" && slot == 0 && s.ne[2] > 0 {
+                    let per_expert = s.size_bytes / s.ne[2] as u64;
+                    let used = experts_routed
+                        .get(&n.index)
+                        .copied()
+                        .unwrap_or(s.ne[2] as u32);
+                    per_expert * used as u64
+                } else {
+                    s.size_bytes
+                };
+                w.weight_bytes += bytes;
+            } else {
+                w.activation_bytes += s.size_bytes;
+            }
+        }
+        w.activation_bytes += n.out.size_bytes;
+    }
+    out
+}
+
+/// One side of a ledger.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Side {
+    /// `llama.cpp llama-cpp-sys-2 0.1.161 (ggml 0.26.0)`, `candle 0.11.1`, or a run folder.
+    pub label: String,
+    pub arch: String,
+    pub tokens: u32,
+    pub depth_tokens: u32,
+    pub decode_tokens: u32,
+    pub fused_ms: f64,
+    pub coverage: f64,
+    pub agreement: f64,
+    /// Band -> ms/token (share x wall).
+    pub ms_per_token: BTreeMap<String, f64>,
+    /// Band -> bytes and FLOPs of the chunk, where known.
+    #[serde(default)]
+    pub work: BTreeMap<String, Work>,
+    /// In-graph replay: band -> ms/token, where measured.
+    #[serde(default)]
+    pub replay_ms_per_token: BTreeMap<String, f64>,
+}
+
+impl Side {
+    pub fn from_summary(label: &str, arch: &str, s: &ProfileSummary) -> Side {
+        Side {
+            label: label.to_string(),
+            arch: arch.to_string(),
+            tokens: s.tokens,
+            depth_tokens: s.depth_tokens,
+            decode_tokens: s.decode_tokens,
+            fused_ms: s.fused_ms,
+            coverage: s.coverage,
+            agreement: s.agreement,
+            ms_per_token: s
+                .bands
+                .iter()
+                .map(|b| (b.band.clone(), b.ms_per_token))
+                .collect(),
+            work: BTreeMap::new(),
+            replay_ms_per_token: BTreeMap::new(),
+        }
+    }
+}
+
+/// One band of the ledger.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    pub band: String,
+    pub a_ms_per_token: f64,
+    pub b_ms_per_token: f64,
+    /// a - b: positive where A (the side being optimised) spends more.
+    pub gap_ms_per_token: f64,
+    /// `a`, `b` or `even` (within 1 % of each other).
+    pub ahead: String,
+    /// A is already ahead here: optimising this band for A is not where the gap lives.
+    pub leave_alone: bool,
+    /// The same from in-graph replay, where both sides have it.
+    pub a_replay_ms_per_token: Option<f64>,
+    pub b_replay_ms_per_token: Option<f64>,
+    /// bytes(A) / bytes(B) and time(A) / time(B): a bandwidth-bound band has a time ratio near
+    /// its bytes ratio; a band whose time ratio is far above its bytes ratio is not limited by
+    /// the bytes it reads.
+    pub bytes_ratio: Option<f64>,
+    pub time_ratio: Option<f64>,
+    pub a_gb_per_s: Option<f64>,
+    pub b_gb_per_s: Option<f64>,
+    pub a_gflop_per_s: Option<f64>,
+    pub b_gflop_per_s: Option<f64>,
+    /// What the bytes ratio against the time ratio says about where A's time goes.
+    pub verdict: String,
+}
+
+/// Within this factor of each other, a time ratio "follows" a bytes ratio.
+const FOLLOWS: f64 = 1.15;
+
+/// The reading seed 000 made by hand, from bytes(A)/bytes(B) and time(A)/time(B).
+pub fn verdict(ahead: &str, bytes_ratio: Option<f64>, time_ratio: Option<f64>) -> String {
+    match (ahead, bytes_ratio, time_ratio) {
+        ("a", _, _) => "A is ahead: leave alone".into(),
+        ("even", _, _) => "even".into(),
+        (_, None, _) | (_, _, None) => "A is slower (bytes unknown)".into(),
+        (_, Some(b), Some(t)) if b <= 1.0 => format!(
+            "fewer bytes ({b:.2}x) and still slower ({t:.2}x): not bandwidth-bound, look at compute or dequantisation"
+        ),
+        (_, Some(b), Some(t)) if t * FOLLOWS < b => format!(
+            "more bytes ({b:.2}x), less than that slower ({t:.2}x): the bytes lead, read fewer"
+        ),
+        (_, Some(b), Some(t)) if t <= b * FOLLOWS => format!(
+            "slower ({t:.2}x) in step with bytes ({b:.2}x): bandwidth-bound, read fewer bytes"
+        ),
+        (_, Some(b), Some(t)) => format!(
+            "slower ({t:.2}x) well beyond the extra bytes ({b:.2}x): bytes explain only part, look at compute"
+        ),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ledger {
+    pub schema_version: u32,
+    pub a: Side,
+    pub b: Side,
+    /// Sorted by gap, largest first (where A loses most).
+    pub rows: Vec<Row>,
+    pub total_a_ms_per_token: f64,
+    pub total_b_ms_per_token: f64,
+    /// The runs did not do the same work but were compared anyway (`--force`).
+    pub forced: bool,
+}
+
+/// A ledger with what each side measured besides: what `opledger ledger` stores and prints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LedgerReport {
+    pub ledger: Ledger,
+    pub replay_a: Option<ReplayResult>,
+    pub replay_b: Option<ReplayResult>,
+    pub peaks: Option<Peaks>,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompareError {
+    #[error("the runs did not do the same work: {0} (compare anyway with --force)")]
+    DifferentWork(String),
+}
+
+/// The ledger of A (the side being optimised) against B (the reference).
+pub fn compare(a: Side, b: Side, force: bool) -> Result<Ledger, CompareError> {
+    let mut diffs = Vec::new();
+    if a.tokens != b.tokens {
+        diffs.push(format!("chunk {} vs {} tokens", a.tokens, b.tokens));
+    }
+    if a.depth_tokens != b.depth_tokens {
+        diffs.push(format!("depth {} vs {}", a.depth_tokens, b.depth_tokens));
+    }
+    if a.decode_tokens != b.decode_tokens {
+        diffs.push(format!(
+            "decode {} vs {} tokens",
+            a.decode_tokens, b.decode_tokens
+        ));
+    }
+    if a.arch != b.arch {
+        diffs.push(format!("architecture {} vs {}", a.arch, b.arch));
+    }
+    if !diffs.is_empty() && !force {
+        return Err(CompareError::DifferentWork(diffs.join(", ")));
+    }
+    let mut bands: Vec<&String> = a.ms_per_token.keys().chain(b.ms_per_token.keys()).collect();
+    bands.sort();
+    bands.dedup();
+    let ratio = |x: f64, y: f64| (y > 0.0).then(|| x / y);
+    let mut rows: Vec<Row> = bands
+        .into_iter()
+        .map(|band| {
+            let am = a.ms_per_token.get(band).copied().unwrap_or(0.0);
+            let bm = b.ms_per_token.get(band).copied().unwrap_or(0.0);
+            let ahead = if (am - bm).abs() <= 0.01 * am.max(bm) {
+                "even"
+            } else if am < bm {
+                "a"
+            } else {
+                "b"
+            };
+            let (aw, bw) = (a.work.get(band), b.work.get(band));
+            let bytes = |w: Option<&Work>| w.map(|w| (w.weight_bytes + w.activation_bytes) as f64);
+            let per_s = |amount: Option<f64>, ms: f64, tokens: u32| {
+                amount
+                    .filter(|_| ms > 0.0)
+                    .map(|x| x / (ms * tokens as f64 / 1e3) / 1e9)
+            };
+            let bytes_ratio = match (bytes(aw), bytes(bw)) {
+                (Some(x), Some(y)) => ratio(x, y),
+                _ => None,
+            };
+            Row {
+                verdict: verdict(ahead, bytes_ratio, ratio(am, bm)),
+                band: band.clone(),
+                a_ms_per_token: am,
+                b_ms_per_token: bm,
+                gap_ms_per_token: am - bm,
+                ahead: ahead.into(),
+                leave_alone: ahead == "a",
+                a_replay_ms_per_token: a.replay_ms_per_token.get(band).copied(),
+                b_replay_ms_per_token: b.replay_ms_per_token.get(band).copied(),
+                bytes_ratio,
+                time_ratio: ratio(am, bm),
+                a_gb_per_s: per_s(bytes(aw), am, a.tokens),
+                b_gb_per_s: per_s(bytes(bw), bm, b.tokens),
+                a_gflop_per_s: per_s(aw.map(|w| w.flops), am, a.tokens),
+                b_gflop_per_s: per_s(bw.map(|w| w.flops), bm, b.tokens),
+            }
+        })
+        .collect();
+    rows.sort_by(|x, y| y.gap_ms_per_token.total_cmp(&x.gap_ms_per_token));
+    Ok(Ledger {
+        schema_version: LEDGER_SCHEMA_VERSION,
+        total_a_ms_per_token: a.ms_per_token.values().sum(),
+        total_b_ms_per_token: b.ms_per_token.values().sum(),
+        forced: !diffs.is_empty(),
+        a,
+        b,
+        rows,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn side(label: &str, bands: &[(&str, f64)]) -> Side {
+        Side {
+            label: label.into(),
+            arch: "qwen3moe".into(),
+            tokens: 512,
+            depth_tokens: 0,
+            decode_tokens: 0,
+            fused_ms: 1000.0,
+            coverage: 1.0,
+            agreement: 0.01,
+            ms_per_token: bands.iter().map(|(b, v)| (b.to_string(), *v)).collect(),
+            work: BTreeMap::new(),
+            replay_ms_per_token: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn the_seed_000_ledger_by_hand() {
+        // seed 000's table: mine vs llama.cpp, ms
+        let a = side(
+            "mine",
+            &[
+                ("projections", 252.2),
+                ("attention", 19.1),
+                ("linear_attention", 53.5),
+                ("moe", 245.9),
+            ],
+        );
+        let b = side(
+            "llama.cpp",
+            &[
+                ("projections", 188.3),
+                ("attention", 5.8),
+                ("linear_attention", 55.5),
+                ("moe", 270.1),
+            ],
+        );
+        let l = compare(a, b, false).unwrap();
+        let order: Vec<&str> = l.rows.iter().map(|r| r.band.as_str()).collect();
+        assert_eq!(
+            order,
+            ["projections", "attention", "linear_attention", "moe"]
+        );
+        assert!((l.rows[0].gap_ms_per_token - 63.9).abs() < 1e-9);
+        let moe = l.rows.iter().find(|r| r.band == "moe").unwrap();
+        assert!(moe.leave_alone && moe.ahead == "a");
+        assert!((moe.gap_ms_per_token + 24.2).abs() < 1e-9);
+        assert!(!l.rows[0].leave_alone);
+        assert!((l.total_a_ms_per_token - 570.7).abs() < 1e-9);
+    }
+
+    #[test]
+    fn different_work_is_refused_unless_forced() {
+        let a = side("a", &[("moe", 1.0)]);
+        let mut b = side("b", &[("moe", 1.0)]);
+        b.depth_tokens = 4096;
+        let e = compare(a.clone(), b.clone(), false).unwrap_err();
+        assert!(e.to_string().contains("depth 0 vs 4096"), "{e}");
+        let l = compare(a, b, true).unwrap();
+        assert!(l.forced);
+        assert_eq!(l.rows[0].ahead, "even");
+    }
+
+    #[test]
+    fn bytes_ratio_against_time_ratio() {
+        // seed 000: A reads 4.5-bit weights, B 8.5-bit; A takes 252.2 ms, B 188.3
+        let mut a = side("a", &[("projections", 252.2)]);
+        let mut b = side("b", &[("projections", 188.3)]);
+        a.work.insert(
+            "projections".into(),
+            Work {
+                weight_bytes: 45,
+                activation_bytes: 0,
+                flops: 1e9,
+            },
+        );
+        b.work.insert(
+            "projections".into(),
+            Work {
+                weight_bytes: 85,
+                activation_bytes: 0,
+                flops: 1e9,
+            },
+        );
+        let l = compare(a, b, false).unwrap();
+        let r = &l.rows[0];
+        assert!((r.bytes_ratio.unwrap() - 45.0 / 85.0).abs() < 1e-12);
+        assert!((r.time_ratio.unwrap() - 252.2 / 188.3).abs() < 1e-12);
+        // FLOP rate: 1e9 FLOP in 252.2 ms/token x 512 tokens
+        assert!((r.a_gflop_per_s.unwrap() - 1e9 / (252.2 * 512.0 / 1e3) / 1e9).abs() < 1e-12);
+        // seed 000's conclusion: fewer bytes, still slower
+        assert!(r
+            .verdict
+            .starts_with("fewer bytes (0.53x) and still slower (1.34x)"));
+    }
+
+    #[test]
+    fn verdicts_by_hand() {
+        assert_eq!(
+            verdict("a", Some(0.5), Some(0.9)),
+            "A is ahead: leave alone"
+        );
+        assert_eq!(verdict("even", Some(2.0), Some(1.0)), "even");
+        assert!(verdict("b", Some(2.0), Some(2.1)).contains("bandwidth-bound, read fewer bytes"));
+        // 2.4 > 2.0 x 1.15: the bytes explain only part of it
+        assert!(verdict("b", Some(2.0), Some(2.4)).contains("bytes explain only part"));
+        assert!(verdict("b", Some(1.0), Some(1.2)).contains("not bandwidth-bound"));
+        // 3.5 > 2.4 x 1.15: more bytes than slowness
+        assert!(verdict("b", Some(3.5), Some(2.4)).contains("the bytes lead"));
+        assert_eq!(verdict("b", None, Some(1.2)), "A is slower (bytes unknown)");
+    }
+
+    #[test]
+    fn band_work_counts_matmul_flops_and_routed_expert_bytes() {
+        use crate::node::TensorDesc;
+        let t = |name: &str, ne: [i64; 4], bytes: u64, w: bool| {
+            Some(TensorDesc {
+                name: name.into(),
+                ne,
+                ggml_type: "F32".into(),
+                size_bytes: bytes,
+                is_weight: w,
+                producer: None,
+                nb: [0; 4],
+            })
+        };
+        let node = |i: u32, op: &str, out: [i64; 4], srcs: Vec<Option<TensorDesc>>| NodeInfo {
+            index: i,
+            op: op.into(),
+            name: format!("n{i}"),
+            layer: Some(0),
+            out: TensorDesc {
+                name: "o".into(),
+                ne: out,
+                ggml_type: "F32".into(),
+                size_bytes: 100,
+                is_weight: false,
+                producer: None,
+                nb: [0; 4],
+            },
+            srcs,
+            is_view: false,
+            inplace: false,
+            skipped: false,
+            op_code: None,
+            op_params: Vec::new(),
+        };
+        // a [K=64, N=32] weight times [64, 512]: 2 x 64 x 32 x 512 FLOPs
+        let mm = node(
+            0,
+            "MUL_MAT",
+            [32, 512, 1, 1],
+            vec![
+                t("w", [64, 32, 1, 1], 8192, true),
+                t("x", [64, 512, 1, 1], 1000, false),
+            ],
+        );
+        // 16 experts of [64, 32]; out [32, 4 used, 512 tokens]; 10 experts routed
+        let id = node(
+            1,
+            "MUL_MAT_ID",
+            [32, 4, 512, 1],
+            vec![
+                t("e", [64, 32, 16, 1], 16 * 8192, true),
+                t("x", [64, 1, 512, 1], 1000, false),
+            ],
+        );
+        let a = vec![
+            Assignment {
+                band: "projections".into(),
+                reason: crate::band::Reason::None,
+            },
+            Assignment {
+                band: "moe".into(),
+                reason: crate::band::Reason::None,
+            },
+        ];
+        let w = band_work(&[mm, id], &a, &BTreeMap::from([(1, 10)]));
+        assert_eq!(w["projections"].flops, 2.0 * 64.0 * 32.0 * 512.0);
+        assert_eq!(w["projections"].weight_bytes, 8192);
+        assert_eq!(w["projections"].activation_bytes, 1100);
+        assert_eq!(w["moe"].flops, 2.0 * 64.0 * 32.0 * 4.0 * 512.0);
+        assert_eq!(w["moe"].weight_bytes, 10 * 8192);
+        let all = band_work(
+            &[node(
+                1,
+                "MUL_MAT_ID",
+                [32, 4, 512, 1],
+                vec![t("e", [64, 32, 16, 1], 16 * 8192, true)],
+            )],
+            &a[1..],
+            &BTreeMap::new(),
+        );
+        assert_eq!(all["moe"].weight_bytes, 16 * 8192);
+    }
+}
