@@ -609,11 +609,15 @@ impl Engine for LlamaEngine {
 
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
         self.last_mode = Some(mode);
-        if self.work.as_ref().is_some_and(|w| w.is_decode()) {
-            return self.run_decode(mode);
-        }
-        let (wall_ms, hash) = self.run_chunk(mode)?;
-        self.timing(mode, wall_ms, hash)
+        let r = if self.work.as_ref().is_some_and(|w| w.is_decode()) {
+            self.run_decode(mode)
+        } else {
+            self.run_chunk(mode)
+                .and_then(|(wall_ms, hash)| self.timing(mode, wall_ms, hash))
+        };
+        // the timing is taken: stop the workers polling before whatever runs next
+        self.pool.pause();
+        r
     }
 
     fn isolation_cost_us(&mut self) -> Result<Option<f64>, EngineError> {
@@ -666,6 +670,7 @@ impl Engine for LlamaEngine {
         self.chunk = chunk;
         self.state = state;
         self.last_mode = Some(Mode::FusedObserved);
+        self.pool.pause();
         let (wall_ms, output_hash, nodes_seen, _skipped) = result?;
         Ok(ChunkTiming {
             wall_ms,
@@ -785,7 +790,9 @@ impl Engine for LlamaEngine {
             .clone()
             .ok_or_else(|| EngineError::Failed("no work".into()))?;
         let (tokens, pos0) = self.sweep_tokens(&work, index)?;
-        let (wall_ms, hash) = self.decode_timed(mode, &tokens, pos0, work.all_logits)?;
+        let timed = self.decode_timed(mode, &tokens, pos0, work.all_logits);
+        self.pool.pause();
+        let (wall_ms, hash) = timed?;
         if let Some((_, Some((_, next)))) = &mut self.sweep {
             *next = index + 1;
         }

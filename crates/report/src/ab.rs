@@ -97,13 +97,14 @@ pub fn ab_text(r: &AbReport) -> String {
         for a in &r.ablations {
             let _ = writeln!(
                 out,
-                "  without {:<12} ({}) B/A {:.3} [{:.3}–{:.3}] {}{}",
+                "  without {:<12} ({}) B/A {:.3} [{:.3}–{:.3}] {}{}{}",
                 a.reverted,
                 a.knobs,
                 a.ratio,
                 a.ratio_lo,
                 a.ratio_hi,
                 verdict_name(a.verdict),
+                share_text(a.share_of_gain),
                 if a.correct { "" } else { ", output CHANGED" }
             );
         }
@@ -210,16 +211,24 @@ pub fn ab_markdown(r: &AbReport) -> String {
     for a in &r.ablations {
         let _ = writeln!(
             out,
-            "- without {} ({}): B/A {:.3} [{:.3}–{:.3}] {}{}",
+            "- without {} ({}): B/A {:.3} [{:.3}–{:.3}] {}{}{}",
             a.reverted,
             a.knobs,
             a.ratio,
             a.ratio_lo,
             a.ratio_hi,
             verdict_name(a.verdict),
+            share_text(a.share_of_gain),
             if a.correct { "" } else { ", output CHANGED" }
         );
     }
     let _ = writeln!(out, "\n**verdict: {}**", r.verdict);
     out
+}
+
+/// ", carries 75 % of the gain" (the share turning the knob back alone loses).
+fn share_text(share: Option<f64>) -> String {
+    share
+        .map(|s| format!(", carries {:.0} % of the gain", s * 100.0))
+        .unwrap_or_default()
 }

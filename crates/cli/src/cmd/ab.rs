@@ -188,6 +188,12 @@ fn ab_with_ablations(
         bar.set_message(what.to_string());
     };
     let scenarios = compare(model, a, b, cfg, file, rules, &mut progress)?;
+    // a gain is shared out only where the confirmation found one beyond the noise
+    let ratio_b = scenarios
+        .first()
+        .filter(|s| s.verdict == opledger_core::ab::Verdict::Faster)
+        .map(|s| s.ratio)
+        .unwrap_or(1.0);
     let mut ablations = Vec::new();
     let first = AbConfig {
         scenarios: cfg.scenarios.iter().take(1).cloned().collect(),
@@ -205,6 +211,7 @@ fn ab_with_ablations(
             ratio_hi: s.ratio_hi,
             verdict: s.verdict,
             correct: s.correctness.passed,
+            share_of_gain: opledger_core::ab::share_of_gain(ratio_b, s.ratio),
         });
     }
     bar.finish_and_clear();
@@ -355,7 +362,7 @@ pub fn grid(spec: &str, max: usize) -> Result<Vec<Knobs>> {
 }
 
 /// One candidate of the search.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Candidate {
     pub knobs: Knobs,
     pub ratio: f64,
@@ -370,6 +377,32 @@ pub struct DiscoverReport {
     pub candidates: Vec<Candidate>,
     /// The winner's confirmation: a full A/B against the baseline with ablations and control.
     pub confirmation: Option<AbReport>,
+}
+
+/// What llama.cpp runs with when a knob is not set: this run's threads, flash attention as asked
+/// (`auto` by default), weights repacked, the whole chunk one ubatch, an F16 KV cache.
+fn resolved_defaults(model: &ModelArgs, chunk: u32) -> Knobs {
+    Knobs(
+        [
+            ("threads", model.threads().to_string()),
+            (
+                "flash_attn",
+                match model.flash_attn {
+                    super::common::FlashAttnArg::Auto => "auto",
+                    super::common::FlashAttnArg::On => "on",
+                    super::common::FlashAttnArg::Off => "off",
+                }
+                .to_string(),
+            ),
+            ("repack", "on".to_string()),
+            ("ubatch", chunk.to_string()),
+            ("type_k", "f16".to_string()),
+            ("type_v", "f16".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+    )
 }
 
 pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
@@ -416,11 +449,18 @@ pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
         }
         bar.finish_and_clear();
         found.sort_by(|x, y| x.ratio.total_cmp(&y.ratio));
-        let winner = found
-            .iter()
-            .find(|c| c.correct && c.knobs != baseline && c.ratio < 1.0);
+        let defaults = resolved_defaults(&model, args.work.chunk);
+        let winner = found.iter().find(|c| {
+            c.correct && !c.knobs.without_defaults(&defaults).0.is_empty() && c.ratio < 1.0
+        });
         let confirmation = match winner {
             Some(w) => {
+                // knobs the winner sets to their default are no change: confirmed and ablated
+                // without them
+                let w = Candidate {
+                    knobs: w.knobs.without_defaults(&defaults),
+                    ..w.clone()
+                };
                 let cfg = args.work.config(args.pairs.max(4), scenarios.clone());
                 Some(ab_with_ablations(
                     &model,
