@@ -42,16 +42,14 @@ pub fn band_work(
         let w = out.entry(a.band.clone()).or_default();
         let elems = |ne: [i64; 4]| ne.iter().map(|&d| d.max(0) as f64).product::<f64>();
         match n.op.as_str() {
-            "MUL_MAT" => {
-                if let Some(src0) = n.src(0) {
-                    // out[N, M...] = src0[K, N] x src1[K, M]: 2 K per output element
-                    w.flops += 2.0 * src0.ne[0] as f64 * elems(n.out.ne);
-                }
-            }
-            "MUL_MAT_ID" => {
-                if let Some(src0) = n.src(0) {
-                    // out[N, n_used, T]: each routed token's N outputs cost 2 K
-                    w.flops += 2.0 * src0.ne[0] as f64 * elems(n.out.ne);
+            "MUL_MAT" | "MUL_MAT_ID" => {
+                // 2 K per output element. K is ne[0] of the activations (src 1) in both
+                // engines' graphs: ggml's out[N, M] = src0[K, N] x src1[K, M] (and
+                // out[N, n_used, T] for expert matmuls, per routed token), and candle's
+                // lhs[.., M, K] x rhs[.., K, N], listed as (rhs, lhs), whose lhs has ne[0] = K,
+                // while its rhs (a transposed K cache, say) need not
+                if let Some(k) = n.src(1).or_else(|| n.src(0)).map(|s| s.ne[0]) {
+                    w.flops += 2.0 * k as f64 * elems(n.out.ne);
                 }
             }
             "FLASH_ATTN_EXT" => {
@@ -488,5 +486,18 @@ mod tests {
             &BTreeMap::new(),
         );
         assert_eq!(all["moe"].weight_bytes, 16 * 8192);
+        // candle's q x k^T per key/value head: lhs q [hd=128, M=512, 4 heads], rhs k^T
+        // [n_kv=512, hd=128, 4], listed (rhs, lhs); out [512, 512, 4]: K is 128, not 512
+        let kq = node(
+            2,
+            "MUL_MAT",
+            [512, 512, 4, 1],
+            vec![
+                t("kt", [512, 128, 4, 1], 0, false),
+                t("q", [128, 512, 4, 1], 0, false),
+            ],
+        );
+        let w = band_work(&[kq], &a[..1], &BTreeMap::new());
+        assert_eq!(w["projections"].flops, 2.0 * 128.0 * 512.0 * 512.0 * 4.0);
     }
 }
