@@ -156,6 +156,9 @@ pub struct Row {
     pub verdict: String,
 }
 
+/// Bytes ratios this close to 1 mean both sides read the same bytes (two builds of one engine).
+const SAME_BYTES: f64 = 0.02;
+
 /// Within this factor of each other, a time ratio "follows" a bytes ratio.
 const FOLLOWS: f64 = 1.15;
 
@@ -165,7 +168,10 @@ pub fn verdict(ahead: &str, bytes_ratio: Option<f64>, time_ratio: Option<f64>) -
         ("a", _, _) => "A is ahead: leave alone".into(),
         ("even", _, _) => "even".into(),
         (_, None, _) | (_, _, None) => "A is slower (bytes unknown)".into(),
-        (_, Some(b), Some(t)) if b <= 1.0 => format!(
+        (_, Some(b), Some(t)) if (b - 1.0).abs() <= SAME_BYTES => format!(
+            "the same bytes ({b:.2}x), slower ({t:.2}x): not bandwidth-bound, look at compute or dequantisation"
+        ),
+        (_, Some(b), Some(t)) if b < 1.0 => format!(
             "fewer bytes ({b:.2}x) and still slower ({t:.2}x): not bandwidth-bound, look at compute or dequantisation"
         ),
         (_, Some(b), Some(t)) if t * FOLLOWS < b => format!(
@@ -402,6 +408,8 @@ mod tests {
         // 3.5 > 2.4 x 1.15: more bytes than slowness
         assert!(verdict("b", Some(3.5), Some(2.4)).contains("the bytes lead"));
         assert_eq!(verdict("b", None, Some(1.2)), "A is slower (bytes unknown)");
+        assert!(verdict("b", Some(1.01), Some(1.12))
+            .starts_with("the same bytes (1.01x), slower (1.12x)"));
     }
 
     #[test]
