@@ -12,11 +12,11 @@ use opledger_core::ab::{
 };
 use opledger_core::engine::Work;
 use opledger_core::manifest::Manifest;
-use opledger_core::run_folder::{fresh_run_path, RunFolder};
+use opledger_core::run_folder::RunFolder;
 pub use opledger_report::ab::ab_text;
 use serde::Serialize;
 
-use super::common::{utc_stamp, ModelArgs};
+use super::common::ModelArgs;
 use super::profile::{load_rules, manifest};
 use crate::model_file::ModelFile;
 use crate::progress::steps_bar;
@@ -235,14 +235,11 @@ fn model_of(model: &ModelArgs) -> Result<(ModelFile, PathBuf, ModelArgs)> {
 }
 
 fn folder_for(out: &Option<PathBuf>, kind: &str, model: &Path) -> Result<RunFolder> {
-    let label = model
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into());
-    let path = out
-        .clone()
-        .unwrap_or_else(|| fresh_run_path(Path::new("runs"), kind, &label, &utc_stamp()));
-    Ok(RunFolder::create(&path)?)
+    Ok(RunFolder::create(&super::common::run_path(
+        out.as_deref(),
+        kind,
+        model,
+    ))?)
 }
 
 fn manifest_for(

@@ -1,7 +1,7 @@
 //! Arguments shared by the measuring commands (model, threads, engine settings) and the step
 //! from them to a loaded engine.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
@@ -111,6 +111,18 @@ pub fn utc_stamp() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now())
         .to_string()
         .replace(['-', ':'], "")
+}
+
+/// The run folder a command writes: `output` when given, else a fresh
+/// `runs/<time>-<kind>-<model file stem>`.
+pub fn run_path(output: Option<&Path>, kind: &str, model: &Path) -> PathBuf {
+    output.map(Path::to_path_buf).unwrap_or_else(|| {
+        let label = model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        opledger_core::run_folder::fresh_run_path(Path::new("runs"), kind, &label, &utc_stamp())
+    })
 }
 
 /// Loads llama.cpp with `args`, overridden by the knobs of an A/B (threads, flash_attn, ubatch,

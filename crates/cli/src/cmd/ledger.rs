@@ -15,10 +15,10 @@ use opledger_core::manifest::Manifest;
 use opledger_core::peaks::Peaks;
 use opledger_core::profile::{analyse, ProfileConfig, ProfileRaw};
 use opledger_core::replay::{measure_replay, ReplayConfig};
-use opledger_core::run_folder::{fresh_run_path, open_complete, read_json, RunFolder};
+use opledger_core::run_folder::{open_complete, read_json, RunFolder};
 use opledger_report::ledger::{ledger_csv, ledger_markdown, ledger_text};
 
-use super::common::{utc_stamp, ModelArgs};
+use super::common::ModelArgs;
 use super::engines::{load_engine, EngineKind};
 use super::profile::{load_rules, manifest};
 use crate::model_file::ModelFile;
@@ -174,14 +174,7 @@ pub fn run_ledger(args: LedgerArgs) -> Result<ExitCode> {
         ModelFile::open_structural(&model_path)?
     };
     let rules = load_rules(None, &file.arch.arch)?;
-    let label = model_path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into());
-    let out = args
-        .output
-        .clone()
-        .unwrap_or_else(|| fresh_run_path(Path::new("runs"), "ledger", &label, &utc_stamp()));
+    let out = super::common::run_path(args.output.as_deref(), "ledger", &model_path);
     let folder = RunFolder::create(&out)?;
     let mut model_args = args.model.clone();
     model_args.model = Some(model_path.clone());

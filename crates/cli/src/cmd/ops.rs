@@ -2,7 +2,7 @@
 //! CPU backend, expert matmuls under three routings, set against the in-graph band times.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
@@ -10,9 +10,9 @@ use clap::Args;
 use opledger_core::engine::Work;
 use opledger_core::ops::Routing;
 use opledger_core::profile::ProfileConfig;
-use opledger_core::run_folder::{fresh_run_path, RunFolder};
+use opledger_core::run_folder::RunFolder;
 
-use super::common::{utc_stamp, ModelArgs};
+use super::common::ModelArgs;
 use super::profile::{load_rules, manifest};
 use crate::model_file::ModelFile;
 use crate::progress::steps_bar;
@@ -77,14 +77,7 @@ pub fn run(args: OpsArgs) -> Result<ExitCode> {
         use opledger_core::ops::{
             distinct_experts, first_k_ids, summarise_ops, uniform_ids, OpRow,
         };
-        let label = model_path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
-        let out = args
-            .output
-            .clone()
-            .unwrap_or_else(|| fresh_run_path(Path::new("runs"), "ops", &label, &utc_stamp()));
+        let out = super::common::run_path(args.output.as_deref(), "ops", &model_path);
         let folder = RunFolder::create(&out)?;
         let mut model_args = args.model.clone();
         model_args.model = Some(model_path.clone());

@@ -10,11 +10,11 @@ use opledger_core::band::BandRules;
 use opledger_core::engine::Work;
 use opledger_core::manifest::{Manifest, ModelRecord, MANIFEST_SCHEMA_VERSION};
 use opledger_core::profile::{self, CheckStatus, ProfileConfig, ProfileRaw, ProfileSummary};
-use opledger_core::run_folder::{fresh_run_path, RunFolder};
+use opledger_core::run_folder::RunFolder;
 use opledger_core::system::SystemSnapshot;
 use opledger_report::{Format, ProfileView, RenderOptions, RunView};
 
-use super::common::{utc_stamp, ModelArgs};
+use super::common::ModelArgs;
 use super::engines::{load_engine, EngineKind};
 use crate::model_file::{hash_file, ModelFile};
 use crate::progress::steps_bar;
@@ -180,14 +180,7 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
         EngineKind::Candle => ModelFile::open_structural(&model_path)?,
     };
     let rules = load_rules(args.bands.as_deref(), &file.arch.arch)?;
-    let label = model_path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into());
-    let out = args
-        .output
-        .clone()
-        .unwrap_or_else(|| fresh_run_path(Path::new("runs"), "profile", &label, &utc_stamp()));
+    let out = super::common::run_path(args.output.as_deref(), "profile", &model_path);
     let cfg = ProfileConfig {
         work: Work {
             chunk_tokens: args.chunk,

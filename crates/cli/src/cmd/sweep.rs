@@ -11,12 +11,12 @@ use opledger_core::manifest::Manifest;
 use opledger_core::memory;
 use opledger_core::node::NodeInfo;
 use opledger_core::profile::CheckStatus;
-use opledger_core::run_folder::{fresh_run_path, read_json, RunFolder};
+use opledger_core::run_folder::{read_json, RunFolder};
 use opledger_core::sweep::{load_folder, SweepConfig, SweepSummary};
 use opledger_core::system::SystemSnapshot;
 use opledger_report::{Format, RenderOptions, RunView, SweepView};
 
-use super::common::{utc_stamp, ModelArgs};
+use super::common::ModelArgs;
 use super::profile::{load_rules, manifest};
 use crate::model_file::{hash_file, ModelFile};
 use crate::progress::steps_bar;
@@ -190,14 +190,7 @@ fn start(args: &SweepArgs) -> Result<(RunFolder, Manifest, SweepConfig, PathBuf)
             )
         })?;
     }
-    let label = model_path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into());
-    let out = args
-        .output
-        .clone()
-        .unwrap_or_else(|| fresh_run_path(Path::new("runs"), "sweep", &label, &utc_stamp()));
+    let out = super::common::run_path(args.output.as_deref(), "sweep", &model_path);
     let folder = RunFolder::create(&out)?;
     // the engine fills in its own description once loaded
     let m = manifest(
