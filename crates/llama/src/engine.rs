@@ -641,6 +641,20 @@ impl Engine for LlamaEngine {
                 why: "replay measures one prefill chunk".into(),
             });
         }
+        if crate::replay::gpu_present() {
+            return Err(EngineError::Unsupported {
+                what: "in-graph replay".into(),
+                why: "a GPU device is present: llama.cpp may offload nodes, and replay clones \
+                      compute on the CPU"
+                    .into(),
+            });
+        }
+        // the scratch size and the node count come from graph() of this very work
+        let expected_nodes = self
+            .graph_ops
+            .as_ref()
+            .map(|ops| ops.len() as u32)
+            .ok_or_else(|| EngineError::Failed("replay() before graph()".into()))?;
         let scratch = self.replay_scratch_bytes.max(1);
         let pool = self.pool.clone();
         let chunk = std::mem::take(&mut self.chunk);
@@ -653,6 +667,9 @@ impl Engine for LlamaEngine {
             if obs.replayer.is_none() {
                 obs.replayer = Some(crate::replay::Replayer::new(&pool, scratch, 16)?);
             }
+            if let Some(r) = obs.replayer.as_mut() {
+                r.reset_counts();
+            }
             obs.plan = crate::replay::ReplayPlan {
                 cut: cut.to_vec(),
                 replay: replay.to_vec(),
@@ -664,14 +681,29 @@ impl Engine for LlamaEngine {
             let hash = hash_f32(&ctx.logits(-1)?);
             let obs = ctx.observer_mut()?;
             let nodes_seen = obs.nodes_seen;
-            let failed = obs.replayer.as_ref().map(|r| r.skipped).unwrap_or(0);
-            Ok::<_, EngineError>((wall_ms, hash, nodes_seen, failed))
+            let (skipped, failed) = obs
+                .replayer
+                .as_ref()
+                .map(|r| (r.skipped, r.failed))
+                .unwrap_or((0, 0));
+            Ok::<_, EngineError>((wall_ms, hash, nodes_seen, skipped, failed))
         })();
         self.chunk = chunk;
         self.state = state;
         self.last_mode = Some(Mode::FusedObserved);
         self.pool.pause();
-        let (wall_ms, output_hash, nodes_seen, _skipped) = result?;
+        let (wall_ms, output_hash, nodes_seen, skipped, failed) = result?;
+        if nodes_seen != expected_nodes {
+            return Err(EngineError::GraphChanged(format!(
+                "the replay run asked about {nodes_seen} nodes, the captured graph has {expected_nodes}"
+            )));
+        }
+        if skipped > 0 || failed > 0 {
+            return Err(EngineError::Failed(format!(
+                "{skipped} node(s) could not be replayed and {failed} replay(s) failed to compute: \
+                 the run's timing would undercount"
+            )));
+        }
         Ok(ChunkTiming {
             wall_ms,
             node_us: Vec::new(),

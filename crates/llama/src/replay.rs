@@ -37,9 +37,12 @@ pub(crate) struct Replayer {
     scratch_bytes: usize,
     ctx: NonNull<sys::ggml_context>,
     max_clones: usize,
-    /// Replays done and nodes skipped because their output did not fit the scratch buffer.
+    /// In the current run: clones computed, nodes not replayed (output larger than the
+    /// scratch buffer, or no room for a clone), and clone graphs ggml failed to compute. The
+    /// engine resets them before a run and refuses the run's timing unless the last two are 0.
     pub replayed: u32,
     pub skipped: u32,
+    pub failed: u32,
 }
 
 // SAFETY: the Replayer is used only from the thread that runs llama_decode (inside the eval
@@ -89,52 +92,86 @@ impl Replayer {
                 max_clones,
                 replayed: 0,
                 skipped: 0,
+                failed: 0,
             })
         }
     }
 
-    /// Dispatches `k` clones of `t` (just computed by the scheduler) into the scratch buffer.
+    /// Dispatches `k` clones of `t` (just computed by the scheduler) into the scratch buffer,
+    /// in rounds of at most `max_clones`. Always lets the scheduler go on (answering `false` would
+    /// end the split early and silently); what went wrong is counted in `skipped` / `failed`.
     ///
     /// # Safety
-    /// `t` must be a node of the graph being computed, whose sources are live and computed.
+    /// `t` must be a node of the graph being computed, whose sources are live and computed, all
+    /// in host memory (the engine refuses replay when a GPU device is present).
     pub(crate) unsafe fn replay(&mut self, t: *mut sys::ggml_tensor, k: u32) -> bool {
-        let k = (k as usize).min(self.max_clones);
-        // SAFETY: per the contract t is live; the context is ours and reset before reuse; every
-        // clone's data points into the scratch buffer, which is at least as large as the clone
-        // (checked with ggml_nbytes); the clones read only the sources of t.
+        // SAFETY: per the contract t is live; the context is ours and reset before each round;
+        // every clone's data points into the scratch buffer, which is at least as large as the
+        // clone (checked with ggml_nbytes); the clones read only the sources of t.
         unsafe {
             if k == 0 || sys::ggml_nbytes(t) > self.scratch_bytes {
                 self.skipped += 1;
                 return true;
             }
-            sys::ggml_reset(self.ctx.as_ptr());
-            let graph = sys::ggml_new_graph_custom(self.ctx.as_ptr(), k + 4, false);
             let base = sys::ggml_backend_buffer_get_base(self.scratch.as_ptr());
-            for _ in 0..k {
-                let c = sys::ggml_new_tensor(self.ctx.as_ptr(), (*t).type_, 4, (*t).ne.as_ptr());
-                if c.is_null() {
-                    return false;
+            let mut left = k as usize;
+            while left > 0 {
+                let n = left.min(self.max_clones);
+                left -= n;
+                sys::ggml_reset(self.ctx.as_ptr());
+                let graph = sys::ggml_new_graph_custom(self.ctx.as_ptr(), n + 4, false);
+                for _ in 0..n {
+                    let c =
+                        sys::ggml_new_tensor(self.ctx.as_ptr(), (*t).type_, 4, (*t).ne.as_ptr());
+                    if c.is_null() {
+                        self.skipped += 1;
+                        return true;
+                    }
+                    (*c).op = (*t).op;
+                    (*c).op_params = (*t).op_params;
+                    (*c).src = (*t).src;
+                    (*c).nb = (*t).nb;
+                    (*c).flags = sys::GGML_TENSOR_FLAG_COMPUTE as i32;
+                    if sys::ggml_backend_tensor_alloc(self.scratch.as_ptr(), c, base)
+                        != sys::GGML_STATUS_SUCCESS
+                    {
+                        self.skipped += 1;
+                        return true;
+                    }
+                    sys::ggml_graph_add_node(graph, c);
                 }
-                (*c).op = (*t).op;
-                (*c).op_params = (*t).op_params;
-                (*c).src = (*t).src;
-                (*c).nb = (*t).nb;
-                (*c).flags = sys::GGML_TENSOR_FLAG_COMPUTE as i32;
-                if sys::ggml_backend_tensor_alloc(self.scratch.as_ptr(), c, base)
-                    != sys::GGML_STATUS_SUCCESS
+                if sys::ggml_backend_graph_compute(self.backend.as_ptr(), graph)
+                    == sys::GGML_STATUS_SUCCESS
                 {
-                    self.skipped += 1;
+                    self.replayed += n as u32;
+                } else {
+                    self.failed += 1;
                     return true;
                 }
-                sys::ggml_graph_add_node(graph, c);
             }
-            let ok = sys::ggml_backend_graph_compute(self.backend.as_ptr(), graph)
-                == sys::GGML_STATUS_SUCCESS;
-            if ok {
-                self.replayed += k as u32;
-            }
-            ok
+            true
         }
+    }
+
+    /// Zeroes the per-run counts.
+    pub(crate) fn reset_counts(&mut self) {
+        self.replayed = 0;
+        self.skipped = 0;
+        self.failed = 0;
+    }
+}
+
+/// Whether a GPU (or integrated GPU) device is registered: llama.cpp may then offload nodes
+/// (op_offload is on by default even with no GPU layers), and a CPU clone of an offloaded node
+/// would read device memory.
+pub(crate) fn gpu_present() -> bool {
+    // SAFETY: ggml's device registry is initialised by the backend (loaded before any engine);
+    // the queries only read it.
+    unsafe {
+        (0..sys::ggml_backend_dev_count()).any(|i| {
+            let d = sys::ggml_backend_dev_get(i);
+            !d.is_null() && sys::ggml_backend_dev_type(d) != sys::GGML_BACKEND_DEVICE_TYPE_CPU
+        })
     }
 }
 
