@@ -17,9 +17,14 @@ use crate::stats::{crossing, linear_fit, LinearFit, Sample};
 pub const SWEEP_SCHEMA_VERSION: u32 = 1;
 
 /// A band is flat when its fitted change across the swept depths is within this share of its
-/// mean, or when its slope is within two standard errors of zero (no growth the noise cannot
+/// mean, or when its slope is within `SLOPE_SIGMAS` (3) standard errors of zero (no growth the noise cannot
 /// explain).
 pub const FLAT_CHANGE: f64 = 0.10;
+/// A slope within this many standard errors of zero is not significant. Three, not two: the
+/// depths of a pass are measured one after the other, so host noise that drifts over minutes
+/// is shared by neighbouring depths, and the fit's standard error (which assumes independent
+/// points) is too small.
+pub const SLOPE_SIGMAS: f64 = 3.0;
 
 /// What to sweep.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -460,7 +465,8 @@ pub struct BandFit {
     pub cv: f64,
     /// Fitted change across the swept depths, as a share of the mean.
     pub change: f64,
-    /// The change is within [`FLAT_CHANGE`], or the slope is not significant.
+    /// The change is within [`FLAT_CHANGE`], or the slope is within [`SLOPE_SIGMAS`] standard
+    /// errors of zero.
     pub flat: bool,
 }
 
@@ -635,7 +641,7 @@ pub fn summarise_sweep(
             } else {
                 0.0
             };
-            let insignificant = fit.n > 2 && fit.b.abs() <= 2.0 * fit.se_b;
+            let insignificant = fit.n > 2 && fit.b.abs() <= SLOPE_SIGMAS * fit.se_b;
             fits.push(BandFit {
                 band: band.clone(),
                 fit,
