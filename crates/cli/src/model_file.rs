@@ -74,6 +74,18 @@ impl ModelFile {
         })
     }
 
+    /// What the gate and the architecture reader noted about the file (what was not checked,
+    /// how layer kinds were decided), for printing before a run.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes: Vec<String> = self
+            .check
+            .as_ref()
+            .map(|c| c.notes.clone())
+            .unwrap_or_default();
+        notes.extend(self.arch.notes.iter().cloned());
+        notes
+    }
+
     /// The metadata worth recording in a manifest (no large arrays).
     pub fn metadata_summary(&self) -> serde_json::Map<String, serde_json::Value> {
         let mut out = serde_json::Map::new();

@@ -3,11 +3,11 @@
 //! million records a second on one core. Run with `cargo bench -p opledger-core`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use opledger_core::arch::{ArchInfo, LayerKind};
+use opledger_core::arch::{ArchInfo, FfnKind, LayerInfo, LayerKind, LayerWeights, Mixer};
 use opledger_core::band::{BandRules, Categoriser};
 use opledger_core::engine::{Mode, Work};
 use opledger_core::node::{is_view_op, layer_of, NodeInfo, TensorDesc};
-use opledger_core::sweep::{band_index, summarise_sweep, ChunkRecord, SweepConfig};
+use opledger_core::sweep::{summarise_sweep, ChunkRecord, SweepConfig, SweepIndex};
 use opledger_core::tokens::splitmix64;
 
 /// (op, name, weight token) of one layer of each kind, roughly llama.cpp's qwen35moe.
@@ -92,15 +92,29 @@ fn bench(c: &mut Criterion) {
     let rules = BandRules::builtin("qwen35moe").unwrap();
     let arch = ArchInfo {
         arch: "qwen35moe".into(),
-        layer_kinds: (0..layers)
+        layers: (0..layers)
             .map(|l| {
-                if (l + 1) % 4 == 0 {
-                    LayerKind::FullAttention
-                } else {
-                    LayerKind::LinearAttention
+                let full = (l + 1) % 4 == 0;
+                LayerInfo {
+                    kind: if full {
+                        LayerKind::FullAttention
+                    } else {
+                        LayerKind::LinearAttention
+                    },
+                    mixer: if full {
+                        Mixer::Attention
+                    } else {
+                        Mixer::DeltaNet
+                    },
+                    window: None,
+                    ffn: FfnKind::Moe,
+                    shared_expert: true,
+                    weights: LayerWeights::default(),
                 }
             })
             .collect(),
+        notes: Vec::new(),
+        ssm_inner_size: 4096,
         n_experts: 256,
         n_experts_used: 8,
         shared_expert: true,
@@ -154,7 +168,6 @@ fn bench(c: &mut Criterion) {
         }
     }
     let node_records = (g.len() as u64) * (cfg.chunks * cfg.cycles) as u64;
-    let bands: Vec<String> = rules.bands.iter().map(|b| b.name.clone()).collect();
     let mut group = c.benchmark_group("sweep");
     group.throughput(Throughput::Elements(node_records));
     group.sample_size(20);
@@ -163,7 +176,7 @@ fn bench(c: &mut Criterion) {
         |b| {
             b.iter(|| {
                 let a = Categoriser::new(&rules, &arch).categorise(&g);
-                let idx = band_index(&a, &bands);
+                let idx = SweepIndex::new(&g, &a, &rules, &arch);
                 summarise_sweep(&cfg, &rules, &g, &idx, &records, &[]).unwrap()
             })
         },

@@ -436,7 +436,31 @@ pub fn run_ab(
         let tokens = work.tokens_per_run();
         let bands_a = band_ms(a, rules, arch, &graph_a, med(&a_ms), tokens)?;
         let bands_b = band_ms(b, rules, arch, &graph_b, med(&b_ms), tokens)?;
-        let names: Vec<String> = rules.bands.iter().map(|x| x.name.clone()).collect();
+        // the bands either graph holds (a generic rule set names more)
+        let cat = Categoriser::new(rules, arch);
+        let (in_a, in_b) = (cat.categorise(&graph_a), cat.categorise(&graph_b));
+        let keep: Vec<bool> = rules
+            .bands
+            .iter()
+            .map(|x| {
+                in_a.iter().chain(&in_b).any(|y| y.band == x.name)
+            })
+            .collect();
+        let pick = |v: &[f64]| -> Vec<f64> {
+            v.iter()
+                .zip(&keep)
+                .filter(|(_, k)| **k)
+                .map(|(x, _)| *x)
+                .collect()
+        };
+        let names: Vec<String> = rules
+            .bands
+            .iter()
+            .zip(&keep)
+            .filter(|(_, k)| **k)
+            .map(|(x, _)| x.name.clone())
+            .collect();
+        let (bands_a, bands_b) = (pick(&bands_a), pick(&bands_b));
         out.push(ScenarioResult {
             work: work.clone(),
             ratio,

@@ -1,23 +1,33 @@
-//! Bands as data: per-architecture rule sets (TOML, in `crates/core/bands/`) and the categoriser
-//! that applies them (op type, then exact weight-name token, then node-name token, each with
-//! layer-kind overrides), plus the cross-band audit.
+//! Bands as data: the generic rule set for any architecture and per-architecture overrides (TOML,
+//! in `crates/core/bands/`), and the categoriser that applies them (op type, then exact
+//! weight-name token, then node-name token, each with layer-kind overrides), plus the cross-band
+//! audit.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::arch::{ArchInfo, LayerKind};
-use crate::node::{base_name, borrows_identity, weight_token, NodeInfo};
+use crate::arch::{ArchInfo, FfnKind, LayerKind};
+use crate::node::{base_name, borrows_identity, weight_layer, weight_token, NodeInfo};
 
 /// The band of nodes no rule matched. Coverage is the share of time outside it.
 pub const UNASSIGNED: &str = "unassigned";
 
-/// The built-in rule sets: (file name, TOML text).
-pub const BUILTIN_RULES: [(&str, &str); 4] = [
+/// The band a rule names when it means the layer's FFN band: `moe` in a layer with routed
+/// experts, `dense_ffn` in a layer with a dense FFN (and, outside layers, the model's).
+pub const FFN_OF_LAYER: &str = "@ffn";
+
+/// The generic rule set, for any architecture.
+pub const GENERIC_RULES: (&str, &str) = ("generic.toml", include_str!("../bands/generic.toml"));
+
+/// The built-in per-architecture overrides of the generic rules: (file name, TOML text).
+pub const BUILTIN_RULES: [(&str, &str); 6] = [
     ("qwen35moe.toml", include_str!("../bands/qwen35moe.toml")),
-    ("qwen3moe.toml", include_str!("../bands/qwen3moe.toml")),
-    ("qwen3.toml", include_str!("../bands/qwen3.toml")),
-    ("llama.toml", include_str!("../bands/llama.toml")),
+    ("gpt-oss.toml", include_str!("../bands/gpt-oss.toml")),
+    ("rwkv.toml", include_str!("../bands/rwkv.toml")),
+    ("minimax-01.toml", include_str!("../bands/minimax-01.toml")),
+    ("dbrx.toml", include_str!("../bands/dbrx.toml")),
+    ("grok.toml", include_str!("../bands/grok.toml")),
 ];
 
 /// One band of a rule set.
@@ -31,9 +41,13 @@ pub struct BandDef {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BandRules {
-    /// Architectures (`general.architecture`) this set applies to.
+    /// Architectures (`general.architecture`) this set applies to; `*` for any.
     pub architectures: Vec<String>,
-    /// The bands, in display order.
+    /// `generic`: this file only overrides entries of the generic rule set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extends: Option<String>,
+    /// The bands, in display order (an overriding file may leave them out).
+    #[serde(default)]
     pub bands: Vec<BandDef>,
     /// The band whose cost grows with context depth (for crossover reports).
     pub attention_band: Option<String>,
@@ -61,6 +75,9 @@ pub struct BandRules {
     /// Bands a matmul (MUL_MAT, MUL_MAT_ID) of a layer of this kind must never land in.
     #[serde(default)]
     pub audit: BTreeMap<LayerKind, Vec<String>>,
+    /// Bands a matmul of a layer with this FFN must never land in.
+    #[serde(default)]
+    pub audit_ffn: BTreeMap<FfnKind, Vec<String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -77,13 +94,35 @@ pub enum RulesError {
         rule: String,
         band: String,
     },
-    #[error("no band rules for architecture '{0}' (built-in: qwen35moe, qwen3moe, qwen3, llama; pass --bands FILE)")]
-    NoRulesFor(String),
+    #[error("{file}: extends '{base}', but the only rule set a file can extend is 'generic'")]
+    UnknownBase { file: String, base: String },
 }
 
 impl BandRules {
-    /// Parses and checks a rule set; `file` names it in errors.
+    /// Parses and checks a rule set; `file` names it in errors. A file with `extends =
+    /// "generic"` is merged onto the generic rules (its entries win).
     pub fn parse(text: &str, file: &str) -> Result<BandRules, RulesError> {
+        let rules: BandRules = toml::from_str(text).map_err(|e| RulesError::Parse {
+            file: file.to_string(),
+            source: Box::new(e),
+        })?;
+        let rules = match rules.extends.as_deref() {
+            None => rules,
+            Some("generic") => Self::generic()?.overlaid(rules),
+            Some(other) => {
+                return Err(RulesError::UnknownBase {
+                    file: file.to_string(),
+                    base: other.to_string(),
+                })
+            }
+        };
+        rules.check(file)?;
+        Ok(rules)
+    }
+
+    /// The generic rule set.
+    pub fn generic() -> Result<BandRules, RulesError> {
+        let (file, text) = GENERIC_RULES;
         let rules: BandRules = toml::from_str(text).map_err(|e| RulesError::Parse {
             file: file.to_string(),
             source: Box::new(e),
@@ -92,7 +131,8 @@ impl BandRules {
         Ok(rules)
     }
 
-    /// The built-in rule set for an architecture.
+    /// The built-in rules for an architecture: the generic set, with the architecture's
+    /// overrides where it has some. Every architecture has rules.
     pub fn builtin(arch: &str) -> Result<BandRules, RulesError> {
         for (file, text) in BUILTIN_RULES {
             let rules = BandRules::parse(text, file)?;
@@ -100,11 +140,67 @@ impl BandRules {
                 return Ok(rules);
             }
         }
-        Err(RulesError::NoRulesFor(arch.to_string()))
+        Self::generic()
+    }
+
+    /// Whether this set is meant for `arch` (`*` matches any).
+    pub fn applies_to(&self, arch: &str) -> bool {
+        self.architectures.iter().any(|a| a == "*" || a == arch)
+    }
+
+    /// This set with `over`'s entries laid on top (tables entry by entry; `over`'s bands,
+    /// attention and FFN bands and follow_consumer names where it has them).
+    fn overlaid(mut self, over: BandRules) -> BandRules {
+        fn merge<K: Ord, V>(base: &mut BTreeMap<K, V>, over: BTreeMap<K, V>) {
+            base.extend(over);
+        }
+        fn merge2<K: Ord, K2: Ord, V>(
+            base: &mut BTreeMap<K, BTreeMap<K2, V>>,
+            over: BTreeMap<K, BTreeMap<K2, V>>,
+        ) {
+            for (k, m) in over {
+                base.entry(k).or_default().extend(m);
+            }
+        }
+        self.architectures = over.architectures;
+        self.extends = over.extends;
+        if !over.bands.is_empty() {
+            self.bands = over.bands;
+        }
+        self.attention_band = over.attention_band.or(self.attention_band);
+        self.ffn_band = over.ffn_band.or(self.ffn_band);
+        merge(&mut self.op, over.op);
+        merge(&mut self.weight, over.weight);
+        merge2(&mut self.weight_by_layer, over.weight_by_layer);
+        merge(&mut self.name, over.name);
+        merge2(&mut self.name_by_layer, over.name_by_layer);
+        for f in over.follow_consumer {
+            if !self.follow_consumer.contains(&f) {
+                self.follow_consumer.push(f);
+            }
+        }
+        merge(&mut self.audit, over.audit);
+        merge(&mut self.audit_ffn, over.audit_ffn);
+        self
+    }
+
+    /// The FFN band the crossover compares attention with: `ffn_band`, with `@ffn` read as
+    /// `moe` for a model with routed experts and `dense_ffn` otherwise.
+    pub fn ffn_band_for(&self, arch: &ArchInfo) -> Option<String> {
+        self.ffn_band
+            .as_deref()
+            .map(|b| resolve_model_ffn(b, arch).to_string())
     }
 
     fn check(&self, file: &str) -> Result<(), RulesError> {
-        let known = |b: &str| self.bands.iter().any(|d| d.name == b);
+        let has = |b: &str| self.bands.iter().any(|d| d.name == b);
+        let known = |b: &str| {
+            if b == FFN_OF_LAYER {
+                has("moe") && has("dense_ffn")
+            } else {
+                has(b)
+            }
+        };
         let mut refs: Vec<(String, &str)> = Vec::new();
         for (k, b) in &self.op {
             refs.push((format!("op.{k}"), b));
@@ -130,6 +226,11 @@ impl BandRules {
                 refs.push((format!("audit.{}", kind.as_str()), b));
             }
         }
+        for (kind, bands) in &self.audit_ffn {
+            for b in bands {
+                refs.push((format!("audit_ffn.{}", kind.as_str()), b));
+            }
+        }
         for (name, b) in [
             ("attention_band", &self.attention_band),
             ("ffn_band", &self.ffn_band),
@@ -152,6 +253,16 @@ impl BandRules {
 
     pub fn band_names(&self) -> Vec<&str> {
         self.bands.iter().map(|b| b.name.as_str()).collect()
+    }
+
+    /// The bands some node of `assignments` is in, in the rule set's order (a generic rule set
+    /// names every band; a model uses a few).
+    pub fn bands_in(&self, assignments: &[Assignment]) -> Vec<String> {
+        self.bands
+            .iter()
+            .map(|b| b.name.clone())
+            .filter(|b| assignments.iter().any(|a| &a.band == b))
+            .collect()
     }
 }
 
@@ -199,8 +310,46 @@ impl<'a> Categoriser<'a> {
         Categoriser { rules, arch }
     }
 
+    /// The node's layer: from its name (`ffn_moe_gate-3`), else from the weight it reads
+    /// (`blk.3.attn_output.weight`: llama.cpp leaves some matmuls unnamed).
+    fn layer(&self, node: &NodeInfo) -> Option<u32> {
+        node.layer
+            .or_else(|| node.weight().and_then(|w| weight_layer(&w.name)))
+    }
+
     fn kind(&self, node: &NodeInfo) -> Option<LayerKind> {
-        node.layer.and_then(|l| self.arch.kind_of(l))
+        self.layer(node).and_then(|l| self.arch.kind_of(l))
+    }
+
+    /// A rule's band for this node: `@ffn` becomes the band of the layer's FFN.
+    fn resolve(&self, band: &str, node: &NodeInfo) -> String {
+        if band != FFN_OF_LAYER {
+            return band.to_string();
+        }
+        let ffn = self
+            .layer(node)
+            .and_then(|l| self.arch.layer(l))
+            .map(|l| l.ffn);
+        match ffn {
+            Some(FfnKind::Moe) => "moe".into(),
+            Some(FfnKind::Dense) => "dense_ffn".into(),
+            _ => resolve_model_ffn(band, self.arch).into(),
+        }
+    }
+
+    /// The first rule of `by_layer` for the node's layer kind (a sliding-window layer falls back
+    /// on full-attention rules), else of `plain`.
+    fn lookup<'r>(
+        &self,
+        kind: Option<LayerKind>,
+        by_layer: &'r BTreeMap<LayerKind, BTreeMap<String, String>>,
+        plain: &'r BTreeMap<String, String>,
+        token: &str,
+    ) -> Option<&'r String> {
+        kind.into_iter()
+            .flat_map(|k| k.rule_kinds())
+            .find_map(|k| by_layer.get(k).and_then(|m| m.get(token)))
+            .or_else(|| plain.get(token))
     }
 
     /// The band from the node's own signals, without inheritance.
@@ -208,30 +357,24 @@ impl<'a> Categoriser<'a> {
         let kind = self.kind(node);
         if let Some(b) = self.rules.op.get(&node.op) {
             return Some(Assignment {
-                band: b.clone(),
+                band: self.resolve(b, node),
                 reason: Reason::Op(node.op.clone()),
             });
         }
         if let Some(w) = node.weight() {
             let token = weight_token(&w.name);
-            let by_layer = kind
-                .and_then(|k| self.rules.weight_by_layer.get(&k))
-                .and_then(|m| m.get(token));
-            if let Some(b) = by_layer.or_else(|| self.rules.weight.get(token)) {
+            let rule = self.lookup(kind, &self.rules.weight_by_layer, &self.rules.weight, token);
+            if let Some(b) = rule {
                 return Some(Assignment {
-                    band: b.clone(),
+                    band: self.resolve(b, node),
                     reason: Reason::Weight(token.to_string()),
                 });
             }
         }
         let token = base_name(&node.name);
-        let by_layer = kind
-            .and_then(|k| self.rules.name_by_layer.get(&k))
-            .and_then(|m| m.get(token));
-        by_layer
-            .or_else(|| self.rules.name.get(token))
+        self.lookup(kind, &self.rules.name_by_layer, &self.rules.name, token)
             .map(|b| Assignment {
-                band: b.clone(),
+                band: self.resolve(b, node),
                 reason: Reason::Name(token.to_string()),
             })
     }
@@ -324,36 +467,61 @@ impl<'a> Categoriser<'a> {
             .collect()
     }
 
-    /// The cross-band audit: every matmul of a layer must sit in a band its layer kind allows.
+    /// The cross-band audit: every matmul of a layer must sit in a band its layer kind and its
+    /// FFN allow.
     pub fn audit(&self, graph: &[NodeInfo], assignments: &[Assignment]) -> Vec<AuditFinding> {
         let mut findings = Vec::new();
         for (n, a) in graph.iter().zip(assignments) {
             if n.op != "MUL_MAT" && n.op != "MUL_MAT_ID" {
                 continue;
             }
-            let (Some(layer), Some(kind)) = (n.layer, self.kind(n)) else {
+            let Some(layer) = self.layer(n) else {
                 continue;
             };
-            if let Some(forbidden) = self.rules.audit.get(&kind) {
-                if forbidden.contains(&a.band) {
-                    findings.push(AuditFinding {
-                        node: n.index,
-                        name: n.name.clone(),
-                        op: n.op.clone(),
-                        layer,
-                        layer_kind: kind,
-                        band: a.band.clone(),
-                        why: format!(
-                            "a matmul of a {} layer may not be in band '{}' (weight {})",
-                            kind.as_str(),
-                            a.band,
-                            n.weight().map(|w| w.name.as_str()).unwrap_or("none")
-                        ),
-                    });
-                }
+            let Some(info) = self.arch.layer(layer) else {
+                continue;
+            };
+            let by_kind = info
+                .kind
+                .rule_kinds()
+                .iter()
+                .find_map(|k| self.rules.audit.get(k))
+                .filter(|f| f.contains(&a.band))
+                .map(|_| format!("a {} layer", info.kind.as_str()));
+            let by_ffn = self
+                .rules
+                .audit_ffn
+                .get(&info.ffn)
+                .filter(|f| f.contains(&a.band))
+                .map(|_| format!("a layer whose FFN is {}", info.ffn.as_str()));
+            if let Some(what) = by_kind.or(by_ffn) {
+                findings.push(AuditFinding {
+                    node: n.index,
+                    name: n.name.clone(),
+                    op: n.op.clone(),
+                    layer,
+                    layer_kind: info.kind,
+                    band: a.band.clone(),
+                    why: format!(
+                        "a matmul of {what} may not be in band '{}' (weight {})",
+                        a.band,
+                        n.weight().map(|w| w.name.as_str()).unwrap_or("none")
+                    ),
+                });
             }
         }
         findings
+    }
+}
+
+/// `@ffn` at the level of the model: `moe` when any layer routes experts, else `dense_ffn`.
+fn resolve_model_ffn<'b>(band: &'b str, arch: &ArchInfo) -> &'b str {
+    if band != FFN_OF_LAYER {
+        band
+    } else if arch.is_moe() {
+        "moe"
+    } else {
+        "dense_ffn"
     }
 }
 
@@ -402,10 +570,15 @@ mod tests {
             assert!(!r.architectures.is_empty(), "{file}");
         }
         assert!(BandRules::builtin("qwen35moe").is_ok());
-        assert!(matches!(
-            BandRules::builtin("gpt2"),
-            Err(RulesError::NoRulesFor(_))
-        ));
+        // every architecture has rules: the generic set where it has no overrides
+        let gpt2 = BandRules::builtin("gpt2").unwrap();
+        assert_eq!(gpt2.architectures, vec!["*"]);
+        assert!(gpt2.applies_to("gpt2"));
+        // an override keeps the generic entries it does not touch
+        let q = BandRules::builtin("qwen35moe").unwrap();
+        assert_eq!(q.weight["post_attention_norm"], FFN_OF_LAYER);
+        assert_eq!(q.weight["attn_q"], "projections");
+        assert_eq!(gpt2.weight["post_attention_norm"], "projections");
     }
 
     #[test]
@@ -462,7 +635,11 @@ MUL_MAT_ID = "mooe"
     fn audit_flags_a_linear_layer_matmul_in_projections() {
         // A deliberately wrong rule (substring-style) that sends attn_qkv to projections.
         let mut rules = BandRules::builtin("qwen35moe").unwrap();
-        rules.weight.insert("attn_qkv".into(), "projections".into());
+        rules
+            .weight_by_layer
+            .entry(LayerKind::LinearAttention)
+            .or_default()
+            .insert("attn_qkv".into(), "projections".into());
         let arch = arch4();
         let graph = vec![node(
             0,

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::arch::{ArchInfo, LayerKind};
+use crate::arch::{ArchInfo, FfnKind, LayerKind, Mixer};
 use crate::band::Assignment;
 use crate::node::{effective_layers, NodeInfo};
 
-pub const CENSUS_SCHEMA_VERSION: u32 = 1;
+pub const CENSUS_SCHEMA_VERSION: u32 = 2;
 
 /// Nodes and working nodes (neither views nor skipped by the backend) of one group.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,15 +46,43 @@ pub struct ShapeCount {
 pub struct Expectation {
     pub op: String,
     pub band: String,
-    pub expected: u32,
+    /// `None`: nothing opledger knows of this architecture predicts the count (the row only
+    /// reports what the graph holds).
+    pub expected: Option<u32>,
     pub found: u32,
-    /// How the expected number follows from the metadata.
+    /// How the expected number follows from the metadata, or why there is none.
     pub rule: String,
 }
 
+/// How a census row stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpectationStatus {
+    /// The prediction holds.
+    AsExpected,
+    Mismatch,
+    /// Nothing predicts this count.
+    NotPredicted,
+}
+
 impl Expectation {
+    pub fn status(&self) -> ExpectationStatus {
+        match self.expected {
+            None => ExpectationStatus::NotPredicted,
+            Some(e) if e == self.found => ExpectationStatus::AsExpected,
+            Some(_) => ExpectationStatus::Mismatch,
+        }
+    }
+
+    /// The prediction holds (a row that predicts nothing is not a mismatch, but not "ok"
+    /// either: see [`Expectation::status`]).
     pub fn ok(&self) -> bool {
-        self.expected == self.found
+        self.status() == ExpectationStatus::AsExpected
+    }
+
+    /// The prediction fails.
+    pub fn mismatch(&self) -> bool {
+        self.status() == ExpectationStatus::Mismatch
     }
 }
 
@@ -93,7 +121,18 @@ pub struct LayerKindCount {
 impl Census {
     /// The expectations that do not hold.
     pub fn mismatches(&self) -> Vec<&Expectation> {
-        self.expectations.iter().filter(|e| !e.ok()).collect()
+        self.expectations.iter().filter(|e| e.mismatch()).collect()
+    }
+
+    /// Rows that predict a count, and how many of them hold.
+    pub fn predicted(&self) -> (usize, usize) {
+        let predicted = self
+            .expectations
+            .iter()
+            .filter(|e| e.expected.is_some())
+            .count();
+        let ok = self.expectations.iter().filter(|e| e.ok()).count();
+        (predicted, ok)
     }
 }
 
@@ -121,7 +160,7 @@ pub fn census(graph: &[NodeInfo], assignments: &[Assignment], arch: &ArchInfo) -
     let mut per_band: BTreeMap<String, Count> = BTreeMap::new();
     let mut per_op_band: BTreeMap<String, u32> = BTreeMap::new();
     let mut per_kind: BTreeMap<String, LayerKindCount> = BTreeMap::new();
-    for kind in [LayerKind::FullAttention, LayerKind::LinearAttention] {
+    for kind in LayerKind::ALL {
         let layers = arch.layers_of(kind);
         if layers > 0 {
             per_kind.entry(kind.as_str().into()).or_default().layers = layers;
@@ -167,7 +206,7 @@ pub fn census(graph: &[NodeInfo], assignments: &[Assignment], arch: &ArchInfo) -
     }
     let flash = per_op.get("FLASH_ATTN_EXT").is_some_and(|c| c.working > 0);
     let expected = expected_counts(arch, flash);
-    let expectations = expected
+    let mut expectations: Vec<Expectation> = expected
         .into_iter()
         .map(|(op, band, expected, rule)| {
             let found = per_op_band
@@ -183,6 +222,25 @@ pub fn census(graph: &[NodeInfo], assignments: &[Assignment], arch: &ArchInfo) -
             }
         })
         .collect();
+    // the structural ops the graph holds that no prediction covers: listed, not judged
+    for (key, &found) in &per_op_band {
+        let Some((op, band)) = key.split_once('/') else {
+            continue;
+        };
+        let covered = expectations.iter().any(|e| e.op == op && e.band == band);
+        if STRUCTURAL_OPS.contains(&op) && !covered {
+            expectations.push(Expectation {
+                op: op.to_string(),
+                band: band.to_string(),
+                expected: None,
+                found,
+                rule: format!(
+                    "not predicted: no rule of {} counts {op} in {band}",
+                    arch.arch
+                ),
+            });
+        }
+    }
     Census {
         schema_version: CENSUS_SCHEMA_VERSION,
         arch: arch.arch.clone(),
@@ -201,138 +259,296 @@ pub fn census(graph: &[NodeInfo], assignments: &[Assignment], arch: &ArchInfo) -
     }
 }
 
-/// The working-node counts an architecture's metadata predicts, as (op, band, count, rule).
+/// Ops whose count says something about the structure of a model: matmuls, the attention core,
+/// recurrent scans, top-k selection. Every (op, band) of these the graph holds gets a census row.
+pub const STRUCTURAL_OPS: [&str; 12] = [
+    "MUL_MAT",
+    "MUL_MAT_ID",
+    "FLASH_ATTN_EXT",
+    "SOFT_MAX",
+    "GATED_DELTA_NET",
+    "SSM_SCAN",
+    "SSM_CONV",
+    "RWKV_WKV6",
+    "RWKV_WKV7",
+    "GATED_LINEAR_ATTN",
+    "ARGSORT",
+    "TOP_K",
+];
+
+/// One part of a predicted count: `each` per layer of `layers` layers (by kind).
+struct Part {
+    what: String,
+    each: Option<u32>,
+    layers: BTreeMap<String, u32>,
+}
+
+/// One predicted count per (op, band), summed over layers: the count, or `None` where some
+/// layer's part is unknown, and its parts.
+#[derive(Default)]
+struct Tally {
+    rows: Vec<(String, String, Option<u32>, Vec<Part>)>,
+}
+
+impl Tally {
+    /// `each` nodes in each of `layers` layers of `kind` (`kind` empty: once for the model).
+    fn add(
+        &mut self,
+        op: &str,
+        band: &str,
+        each: Option<u32>,
+        layers: u32,
+        kind: &str,
+        what: &str,
+    ) {
+        let n = each.map(|e| e * layers.max(u32::from(kind.is_empty())));
+        let row = match self.rows.iter().position(|r| r.0 == op && r.1 == band) {
+            Some(i) => &mut self.rows[i],
+            None => {
+                self.rows
+                    .push((op.to_string(), band.to_string(), Some(0), Vec::new()));
+                self.rows.last_mut().expect("just pushed")
+            }
+        };
+        row.2 = match (row.2, n) {
+            (Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
+        match row.3.iter_mut().find(|p| p.what == what && p.each == each) {
+            Some(p) => *p.layers.entry(kind.to_string()).or_default() += layers,
+            None => row.3.push(Part {
+                what: what.to_string(),
+                each,
+                layers: [(kind.to_string(), layers)].into_iter().collect(),
+            }),
+        }
+    }
+}
+
+impl Part {
+    /// "the Q/K/V/O projection weights (4 a layer) x 18 layers (15 sliding_window, 3
+    /// full_attention)".
+    fn describe(&self) -> String {
+        let total: u32 = self.layers.values().sum();
+        if self.layers.keys().all(|k| k.is_empty()) {
+            return self.what.clone();
+        }
+        let each = self
+            .each
+            .map(|e| format!(" ({e} a layer)"))
+            .unwrap_or_default();
+        let kinds: Vec<String> = self
+            .layers
+            .iter()
+            .map(|(k, n)| format!("{n} {k}"))
+            .collect();
+        if kinds.len() == 1 {
+            format!("{}{each} x {}", self.what, kinds[0])
+        } else {
+            format!(
+                "{}{each} x {total} layers ({})",
+                self.what,
+                kinds.join(", ")
+            )
+        }
+    }
+}
+
+/// The working-node counts an architecture's metadata predicts, as (op, band, count, rule):
+/// one matmul per projection, expert, router and FFN weight a layer holds (counted from the
+/// file's tensors, by role: [`crate::arch::LayerWeights`]), the attention core of every
+/// attention layer (one FLASH_ATTN_EXT, or a SOFT_MAX between two matmuls on the soft-max
+/// path), one scan and one conv per delta-net or Mamba layer, one top-k selection per MoE layer,
+/// one LM head. `None` where a layer's mixer uses its weights in a way opledger does not predict.
 ///
 /// Matmuls are counted per band, so a band rule that moves one (the shared expert to `other`,
 /// say) breaks two expectations at once. `flash_attn` is the attention path the graph uses (a
-/// runtime setting, not a count): flash attention has one FLASH_ATTN_EXT per full-attention layer,
-/// the soft-max path one SOFT_MAX and two matmuls (KQ, KQV).
-pub fn expected_counts(arch: &ArchInfo, flash_attn: bool) -> Vec<(String, String, u32, String)> {
-    let l = arch.n_layers();
-    let full = arch.layers_of(LayerKind::FullAttention);
-    let linear = arch.layers_of(LayerKind::LinearAttention);
-    let mut out: Vec<(String, String, u32, String)> = Vec::new();
-    let mut push = |op: &str, band: &str, n: u32, rule: String| {
-        out.push((op.to_string(), band.to_string(), n, rule));
-    };
-    if flash_attn {
-        push(
-            "FLASH_ATTN_EXT",
-            "attention",
-            full,
-            format!("one per full-attention layer ({full})"),
+/// runtime setting, not a count).
+pub fn expected_counts(
+    arch: &ArchInfo,
+    flash_attn: bool,
+) -> Vec<(String, String, Option<u32>, String)> {
+    let mut t = Tally::default();
+    // group layers by what decides their counts, so the rules read "x 15 layers"
+    let mut groups: BTreeMap<String, (u32, crate::arch::LayerInfo)> = BTreeMap::new();
+    for l in &arch.layers {
+        let key = format!(
+            "{}|{:?}|{:?}|{:?}",
+            l.kind.as_str(),
+            l.mixer,
+            l.ffn,
+            l.weights
         );
-        push(
-            "MUL_MAT",
-            "attention",
-            0,
-            "flash attention does KQ and KQV itself".into(),
-        );
-    } else {
-        push(
-            "SOFT_MAX",
-            "attention",
-            full,
-            format!("one per full-attention layer ({full})"),
-        );
-        push(
-            "MUL_MAT",
-            "attention",
-            2 * full,
-            format!("KQ and KQV per full-attention layer (2 x {full})"),
-        );
+        groups.entry(key).or_insert((0, *l)).0 += 1;
     }
-    push(
-        "MUL_MAT",
-        "projections",
-        4 * full,
-        format!("Q, K, V, O per full-attention layer (4 x {full})"),
-    );
-    push("MUL_MAT", "other", 1, "the LM head".into());
-    match arch.arch.as_str() {
-        "qwen35moe" | "qwen3next" => {
-            push(
-                "GATED_DELTA_NET",
-                "linear_attention",
-                linear,
-                format!("one scan per linear-attention layer ({linear})"),
-            );
-            push(
-                "SSM_CONV",
-                "linear_attention",
-                linear,
-                format!("one conv per linear-attention layer ({linear})"),
-            );
-            push(
-                "MUL_MAT",
-                "linear_attention",
-                5 * linear,
-                format!("attn_qkv, attn_gate, ssm_alpha, ssm_beta, ssm_out per linear-attention layer (5 x {linear})"),
-            );
-        }
-        _ => {}
-    }
-    if arch.is_moe() {
-        let per_layer = if arch.fused_gate_up { 2 } else { 3 };
-        push(
-            "MUL_MAT_ID",
-            "moe",
-            per_layer * l,
-            format!(
-                "{} per MoE layer ({per_layer} x {l})",
-                if arch.fused_gate_up {
-                    "gate_up and down"
+    for (n, l) in groups.values() {
+        let n = *n;
+        let kind = l.kind.as_str();
+        match l.mixer {
+            Mixer::Attention => {
+                if flash_attn {
+                    t.add(
+                        "FLASH_ATTN_EXT",
+                        "attention",
+                        Some(1),
+                        n,
+                        kind,
+                        "the attention core",
+                    );
                 } else {
-                    "gate, up and down"
+                    t.add(
+                        "SOFT_MAX",
+                        "attention",
+                        Some(1),
+                        n,
+                        kind,
+                        "the attention scores' soft-max",
+                    );
+                    t.add("MUL_MAT", "attention", Some(2), n, kind, "KQ and KQV");
                 }
-            ),
-        );
-        let (n, what) = if arch.shared_expert {
-            (5, "router, shared expert gate/up/down and its gate")
-        } else {
-            (1, "router")
-        };
-        push(
-            "MUL_MAT",
-            "moe",
-            n * l,
-            format!("{what} per MoE layer ({n} x {l})"),
-        );
-        push(
-            "ARGSORT",
-            "moe",
-            l,
-            format!("top-k selection per MoE layer ({l})"),
-        );
-    } else {
-        push(
-            "MUL_MAT",
-            "dense_ffn",
-            3 * l,
-            format!("gate, up and down per layer (3 x {l})"),
-        );
-        push(
+                let w = l.weights.mixer.unwrap_or(0);
+                t.add(
+                    "MUL_MAT",
+                    "projections",
+                    Some(w),
+                    n,
+                    kind,
+                    "the Q/K/V/O projection weights",
+                );
+            }
+            Mixer::DeltaNet => {
+                t.add(
+                    "GATED_DELTA_NET",
+                    "linear_attention",
+                    Some(1),
+                    n,
+                    kind,
+                    "the delta-net scan",
+                );
+                t.add(
+                    "SSM_CONV",
+                    "linear_attention",
+                    Some(1),
+                    n,
+                    kind,
+                    "the short conv",
+                );
+                let w = l.weights.mixer.unwrap_or(0);
+                t.add(
+                    "MUL_MAT",
+                    "linear_attention",
+                    Some(w),
+                    n,
+                    kind,
+                    "the delta-net's projection weights",
+                );
+            }
+            Mixer::Mamba | Mixer::Mamba2 => {
+                t.add(
+                    "SSM_SCAN",
+                    "linear_attention",
+                    Some(1),
+                    n,
+                    kind,
+                    "the selective scan",
+                );
+                t.add("SSM_CONV", "linear_attention", Some(1), n, kind, "the conv");
+                let w = l.weights.mixer.unwrap_or(0);
+                let what = format!("the {}'s projection weights", l.mixer.as_str());
+                t.add("MUL_MAT", "linear_attention", Some(w), n, kind, &what);
+            }
+            Mixer::None => {}
+            other => {
+                // MLA, RWKV, short conv, other recurrences: their matmuls are not predicted
+                let (band, core) = if l.kind.is_attention() {
+                    ("projections", "attention")
+                } else {
+                    ("linear_attention", "linear_attention")
+                };
+                let what = format!("the {} mixer", other.as_str());
+                t.add("MUL_MAT", band, None, n, kind, &what);
+                if l.kind.is_attention() {
+                    let op = if flash_attn {
+                        "FLASH_ATTN_EXT"
+                    } else {
+                        "SOFT_MAX"
+                    };
+                    t.add(op, core, None, n, kind, &what);
+                }
+            }
+        }
+        match l.ffn {
+            FfnKind::Dense => {
+                let w = l.weights.dense_ffn;
+                t.add(
+                    "MUL_MAT",
+                    "dense_ffn",
+                    Some(w),
+                    n,
+                    kind,
+                    "the dense FFN's gate/up/down weights",
+                );
+            }
+            FfnKind::Moe => {
+                let e = l.weights.experts;
+                t.add("MUL_MAT_ID", "moe", Some(e), n, kind, "the expert tensors");
+                let r = l.weights.router_shared;
+                t.add(
+                    "MUL_MAT",
+                    "moe",
+                    Some(r),
+                    n,
+                    kind,
+                    if l.shared_expert {
+                        "the router and the shared expert's weights"
+                    } else {
+                        "the router"
+                    },
+                );
+                t.add("ARGSORT", "moe", Some(1), n, kind, "the top-k selection");
+            }
+            FfnKind::None => {}
+        }
+    }
+    t.add("MUL_MAT", "other", Some(1), 1, "", "the LM head");
+    // what no layer has: stated zeros, so a node in a band the model cannot have shows
+    if arch.moe_layers() == 0 {
+        t.add(
             "MUL_MAT_ID",
             "moe",
-            0,
-            "a dense model routes no experts".into(),
+            Some(0),
+            1,
+            "",
+            "a model without routed experts",
         );
     }
-    out
+    t.rows
+        .into_iter()
+        .map(|(op, band, n, parts)| {
+            let parts: Vec<String> = parts.iter().map(Part::describe).collect();
+            let rule = match n {
+                Some(_) => parts.join(" + "),
+                None => format!(
+                    "not predicted: {} uses its weights in a way opledger does not count",
+                    parts.join(", ")
+                ),
+            };
+            (op, band, n, rule)
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arch::tests::qwen35moe_md;
+    use crate::arch::tests::qwen35moe_md_with;
     use crate::band::{BandRules, Categoriser};
     use crate::mock::{MockEngine, MockNode};
 
     /// A hand-written one-layer-of-each-kind graph shaped like llama.cpp's qwen35moe (2 layers:
-    /// layer 0 linear attention, layer 1 full attention, via a recurrent_layers array).
+    /// layer 0 linear attention, layer 1 full attention).
     fn two_layer_graph() -> (Vec<NodeInfo>, ArchInfo) {
-        let mut md = qwen35moe_md(2);
-        md.a.insert("qwen35moe.attention.recurrent_layers".into(), vec![1, 0]);
+        let md = qwen35moe_md_with(&[false, true]);
         let arch = ArchInfo::from_metadata(&md).unwrap();
         let moe = |l: &'static [&'static str; 11]| -> Vec<MockNode> {
             vec![
@@ -449,10 +665,10 @@ mod tests {
         let moe = bad.iter().find(|e| e.band == "moe").unwrap();
         assert_eq!(
             (moe.op.as_str(), moe.expected, moe.found),
-            ("MUL_MAT", 10, 4)
+            ("MUL_MAT", Some(10), 4)
         );
         let other = bad.iter().find(|e| e.band == "other").unwrap();
-        assert_eq!((other.expected, other.found), (1, 7));
+        assert_eq!((other.expected, other.found), (Some(1), 7));
     }
 
     #[test]
@@ -472,21 +688,76 @@ mod tests {
 
     #[test]
     fn dense_expectations_follow_the_layers() {
-        let mut md = crate::arch::tests::MapMetadata::default();
-        md.s.insert("general.architecture".into(), "llama".into());
-        for (k, v) in [
-            ("block_count", 32u64),
-            ("embedding_length", 4096),
-            ("attention.head_count", 32),
-        ] {
-            md.u.insert(format!("llama.{k}"), v);
-        }
+        let md = crate::arch::tests::dense_md("llama", 32);
         let arch = ArchInfo::from_metadata(&md).unwrap();
         let e = expected_counts(&arch, false);
         let find = |op: &str, band: &str| e.iter().find(|x| x.0 == op && x.1 == band).unwrap().2;
-        assert_eq!(find("MUL_MAT", "dense_ffn"), 96);
-        assert_eq!(find("MUL_MAT", "attention"), 64);
-        assert_eq!(find("SOFT_MAX", "attention"), 32);
-        assert_eq!(find("MUL_MAT", "projections"), 128);
+        assert_eq!(find("MUL_MAT", "dense_ffn"), Some(96));
+        assert_eq!(find("MUL_MAT", "attention"), Some(64));
+        assert_eq!(find("SOFT_MAX", "attention"), Some(32));
+        assert_eq!(find("MUL_MAT", "projections"), Some(128));
+        assert_eq!(find("MUL_MAT_ID", "moe"), Some(0));
+    }
+
+    #[test]
+    fn sliding_and_full_attention_layers_both_count_in_the_attention_core() {
+        // Gemma 3 270M's shape: 18 attention layers, 15 of them sliding
+        let mut md = crate::arch::tests::dense_md("gemma3", 18);
+        md.u.insert("gemma3.attention.sliding_window".into(), 512);
+        let arch = ArchInfo::from_metadata(&md).unwrap();
+        let e = expected_counts(&arch, true);
+        let find = |op: &str, band: &str| e.iter().find(|x| x.0 == op && x.1 == band).unwrap();
+        let fa = find("FLASH_ATTN_EXT", "attention");
+        assert_eq!(fa.2, Some(18));
+        assert!(
+            fa.3.contains("x 18 layers (3 full_attention, 15 sliding_window)"),
+            "{}",
+            fa.3
+        );
+        assert_eq!(find("MUL_MAT", "projections").2, Some(72));
+    }
+
+    #[test]
+    fn a_mixer_opledger_does_not_count_is_not_predicted_never_as_expected() {
+        // MLA layers: their matmuls are not predicted; the row says so and is no mismatch
+        let mut md = crate::arch::tests::MapMetadata::default();
+        md.s.insert("general.architecture".into(), "deepseek2".into());
+        md.u.insert("deepseek2.block_count".into(), 2);
+        md.u.insert("deepseek2.embedding_length".into(), 256);
+        for il in 0..2 {
+            md.layer_tensors(
+                il,
+                &["attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_output"],
+            );
+            md.layer_tensors(il, &crate::arch::tests::DENSE);
+        }
+        let arch = ArchInfo::from_metadata(&md).unwrap();
+        let graph = MockEngine::new(&[
+            ("MUL_MAT", "q-0", "blk.0.attn_q_a.weight", 1.0),
+            ("MUL_MAT", "q-1", "blk.1.attn_q_a.weight", 1.0),
+            ("MUL_MAT", "result_output", "output.weight", 1.0),
+        ])
+        .graph;
+        let rules = BandRules::builtin("deepseek2").unwrap();
+        let a = Categoriser::new(&rules, &arch).categorise(&graph);
+        let c = census(&graph, &a, &arch);
+        let proj = c
+            .expectations
+            .iter()
+            .find(|e| e.op == "MUL_MAT" && e.band == "projections")
+            .unwrap();
+        assert_eq!(proj.expected, None);
+        assert_eq!(proj.found, 2);
+        assert_eq!(proj.status(), ExpectationStatus::NotPredicted);
+        assert!(!proj.ok() && !proj.mismatch());
+        assert!(proj.rule.starts_with("not predicted"), "{}", proj.rule);
+        // the dense FFN is still predicted, and the graph here has none of it: a mismatch
+        let ffn = c
+            .expectations
+            .iter()
+            .find(|e| e.op == "MUL_MAT" && e.band == "dense_ffn")
+            .unwrap();
+        assert_eq!((ffn.expected, ffn.found), (Some(6), 0));
+        assert!(c.mismatches().iter().any(|e| e.band == "dense_ffn"));
     }
 }

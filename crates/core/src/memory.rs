@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::arch::{ArchInfo, LayerKind};
+use crate::arch::{ArchInfo, LayerKind, Mixer};
 
 /// What a run of `contexts` contexts of `n_ctx` tokens needs, by part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,18 +44,27 @@ pub fn estimate(
     contexts: u64,
     all_logits: bool,
 ) -> MemoryEstimate {
-    let full = arch.layers_of(LayerKind::FullAttention) as u64;
-    let linear = arch.layers_of(LayerKind::LinearAttention) as u64;
-    let kv_per_token =
-        full * arch.n_head_kv as u64 * (arch.key_length + arch.value_length) as u64 * 2;
-    let kv_cache_bytes = n_ctx.saturating_mul(kv_per_token).saturating_mul(contexts);
-    // gated delta-net: conv state (kernel - 1) x conv_dim and a state_size^2 matrix per value
-    // head, F32, per linear-attention layer
-    let d = arch.ssm_state_size as u64;
-    let conv_dim = 2 * d * arch.ssm_group_count as u64 + d * arch.ssm_time_step_rank as u64;
-    let per_layer = (arch.ssm_conv_kernel as u64).saturating_sub(1) * conv_dim * 4
-        + d * d * arch.ssm_time_step_rank as u64 * 4;
-    let recurrent_state_bytes = linear * per_layer * contexts;
+    // KV cache, F16: full-attention layers hold every token, sliding-window layers the window
+    // plus one chunk (llama.cpp's SWA cache: n_swa + n_ubatch cells)
+    let kv_row = arch.n_head_kv as u64 * (arch.key_length + arch.value_length) as u64 * 2;
+    let kv_tokens: u64 = arch
+        .layers
+        .iter()
+        .map(|l| match (l.kind, l.window) {
+            (LayerKind::FullAttention, _) => n_ctx,
+            (LayerKind::SlidingWindow, Some(w)) => n_ctx.min(w as u64 + chunk_tokens),
+            (LayerKind::SlidingWindow, None) => n_ctx,
+            _ => 0,
+        })
+        .sum();
+    let kv_cache_bytes = kv_tokens.saturating_mul(kv_row).saturating_mul(contexts);
+    let recurrent_state_bytes: u64 = arch
+        .layers
+        .iter()
+        .filter(|l| l.kind == LayerKind::LinearAttention)
+        .map(|l| recurrent_state_bytes(arch, l.mixer))
+        .sum::<u64>()
+        * contexts;
     let width = (arch.n_embd as u64)
         .max(arch.ffn_length as u64 * arch.n_experts_used.max(1) as u64)
         .max((arch.n_head as u64) * (arch.key_length as u64) * 2);
@@ -69,6 +78,27 @@ pub fn estimate(
         recurrent_state_bytes,
         compute_bytes,
         total_bytes: weights_bytes + kv_cache_bytes + recurrent_state_bytes + compute_bytes,
+    }
+}
+
+/// One recurrent layer's state, F32. Gated delta-net: the conv state (kernel - 1) x conv_dim and
+/// a state_size^2 matrix per value head. Mamba / Mamba-2: the conv state (kernel - 1) x the conv
+/// channels and a state_size x inner_size scan state. Other mixers (RWKV, short conv): n_embd^2,
+/// a deliberate over-estimate of states that are a few n_embd-wide rows.
+fn recurrent_state_bytes(arch: &ArchInfo, mixer: Mixer) -> u64 {
+    let d = arch.ssm_state_size as u64;
+    let k = (arch.ssm_conv_kernel as u64).saturating_sub(1);
+    match mixer {
+        Mixer::DeltaNet => {
+            let conv_dim = 2 * d * arch.ssm_group_count as u64 + d * arch.ssm_time_step_rank as u64;
+            k * conv_dim * 4 + d * d * arch.ssm_time_step_rank as u64 * 4
+        }
+        Mixer::Mamba | Mixer::Mamba2 => {
+            let inner = arch.ssm_inner_size as u64;
+            let conv = inner + 2 * arch.ssm_group_count as u64 * d;
+            k * conv * 4 + d * inner * 4
+        }
+        _ => (arch.n_embd as u64).pow(2) * 4,
     }
 }
 

@@ -216,12 +216,7 @@ pub fn layer_of(name: &str) -> Option<u32> {
 /// `token_embd`, `blk.0.ssm_a` -> `ssm_a`. Exact tokens, never substrings: `attn_q` is not
 /// `attn_qkv`.
 pub fn weight_token(name: &str) -> &str {
-    // views of weights carry decorations too
-    let s = strip_decorations(name);
-    let s = s
-        .strip_suffix(".weight")
-        .or_else(|| s.strip_suffix(".bias"))
-        .unwrap_or(s);
+    let s = weight_base(name);
     match s.strip_prefix("blk.") {
         Some(rest) => match rest.split_once('.') {
             Some((layer, token)) if layer.bytes().all(|b| b.is_ascii_digit()) => token,
@@ -229,6 +224,33 @@ pub fn weight_token(name: &str) -> &str {
         },
         None => s,
     }
+}
+
+/// The layer of a weight: 3 for `blk.3.attn_output.weight`.
+pub fn weight_layer(name: &str) -> Option<u32> {
+    let rest = weight_base(name).strip_prefix("blk.")?;
+    let (layer, _) = rest.split_once('.')?;
+    layer.parse().ok()
+}
+
+/// A weight name without what llama.cpp and ggml add around the tensor-name format of
+/// `src/llama-arch.cpp`: the scheduler's copy of a split input (`CUDA0#blk.3.ffn_up.weight#0`),
+/// ggml's decorations, a LoRA suffix and the type suffix (`weight`, `bias`, `scale`,
+/// `input_scale`, `scales`).
+fn weight_base(name: &str) -> &str {
+    let mut s = strip_decorations(name);
+    if let Some((_, inner)) = s.split_once('#') {
+        s = inner.rsplit_once('#').map(|(n, _)| n).unwrap_or(inner);
+    }
+    for suffix in [".lora_a", ".lora_b"] {
+        s = s.strip_suffix(suffix).unwrap_or(s);
+    }
+    for suffix in [".weight", ".bias", ".input_scale", ".scales", ".scale"] {
+        if let Some(t) = s.strip_suffix(suffix) {
+            return t;
+        }
+    }
+    s
 }
 
 #[cfg(test)]
@@ -241,6 +263,7 @@ mod tests {
         assert_eq!(base_name("Qcur-12 (reshaped)"), "Qcur");
         assert_eq!(base_name("Qcur-12 (reshaped) (permuted)"), "Qcur");
         assert_eq!(base_name("node_17"), "node_17");
+        assert_eq!(base_name("Kcur-post-rope-3"), "Kcur-post-rope");
         assert_eq!(base_name("result_output"), "result_output");
         assert_eq!(base_name("cache_k_l3 (view)"), "cache_k");
         assert_eq!(base_name("cache_r_l0 (reshaped) (view) (view)"), "cache_r");
@@ -273,6 +296,17 @@ mod tests {
             "ffn_down_exps"
         );
         assert_eq!(weight_token("blk.2.ssm_dt.bias"), "ssm_dt");
+        assert_eq!(weight_token("CUDA0#blk.3.ffn_up.weight#0"), "ffn_up");
+        assert_eq!(weight_token("blk.3.attn_q.scale"), "attn_q");
+        assert_eq!(weight_token("blk.3.attn_q.weight.lora_a"), "attn_q");
+        assert_eq!(
+            weight_token("blk.4.shortconv.in_proj.weight"),
+            "shortconv.in_proj"
+        );
+        assert_eq!(weight_token("blk.4.nextn.eh_proj.weight"), "nextn.eh_proj");
+        assert_eq!(weight_layer("blk.12.attn_output.weight"), Some(12));
+        assert_eq!(weight_layer("CUDA0#blk.3.ffn_up.weight#0"), Some(3));
+        assert_eq!(weight_layer("output.weight"), None);
     }
 
     #[test]

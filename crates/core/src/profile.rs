@@ -444,8 +444,8 @@ pub fn summarise(
         "overhead",
     )?;
 
-    // bands in rule-set order, then unassigned if anything fell through
-    let mut band_order: Vec<String> = rules.bands.iter().map(|b| b.name.clone()).collect();
+    // the bands the graph holds, in rule-set order, then unassigned if anything fell through
+    let mut band_order: Vec<String> = rules.bands_in(assignments);
     if assignments.iter().any(|a| a.band == UNASSIGNED) {
         band_order.push(UNASSIGNED.to_string());
     }
@@ -698,8 +698,60 @@ pub fn analyse(
     let cat = crate::band::Categoriser::new(rules, arch);
     let assignments = cat.categorise(&raw.graph);
     let audit = cat.audit(&raw.graph, &assignments);
-    let summary = summarise(raw, rules, &assignments, audit)?;
+    let mut summary = summarise(raw, rules, &assignments, audit)?;
+    let census = crate::census::census(&raw.graph, &assignments, arch);
+    summary.checks.insert(2, census_check(&census));
     Ok((assignments, summary))
+}
+
+/// The census of the graph against the architecture, as a check: a predicted count that does
+/// not hold fails the run; rows nothing predicts are said to be so.
+pub fn census_check(c: &crate::census::Census) -> Check {
+    let bad = c.mismatches();
+    let (predicted, _) = c.predicted();
+    let unpredicted = c.expectations.len() - predicted;
+    let not_predicted = if unpredicted > 0 {
+        format!(
+            "; {unpredicted} {} not predicted for {}",
+            if unpredicted == 1 { "row" } else { "rows" },
+            c.arch
+        )
+    } else {
+        String::new()
+    };
+    Check {
+        name: "census".into(),
+        status: if bad.is_empty() {
+            CheckStatus::Pass
+        } else {
+            CheckStatus::Fail
+        },
+        detail: if bad.is_empty() {
+            format!(
+                "the graph's {} working nodes hold the {predicted} op counts the architecture \
+                 predicts{not_predicted}",
+                c.total.working
+            )
+        } else {
+            let items: Vec<String> = bad
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{} in {}: expected {}, found {}",
+                        e.op,
+                        e.band,
+                        e.expected.map(|x| x.to_string()).unwrap_or_default(),
+                        e.found
+                    )
+                })
+                .collect();
+            format!(
+                "{} of {predicted} predicted counts differ: {}{not_predicted}",
+                bad.len(),
+                items.join("; ")
+            )
+        },
+    }
 }
 
 /// Per-node medians over cycles (microseconds), in graph order.
@@ -795,7 +847,13 @@ mod tests {
         assert!(close(s.coverage, 1.0));
         assert!(close(s.overhead, 1.0));
         // agreement of +11 % is outside the ±3 % goal: a warning, not a failure
-        assert_eq!(s.worst(), CheckStatus::Warn);
+        let agreement = s.checks.iter().find(|c| c.name == "agreement").unwrap();
+        assert_eq!(agreement.status, CheckStatus::Warn);
+        // the six-node mock holds far fewer matmuls than a 4-layer qwen35moe: the census
+        // check fails the run
+        let census = s.checks.iter().find(|c| c.name == "census").unwrap();
+        assert_eq!(census.status, CheckStatus::Fail, "{}", census.detail);
+        assert_eq!(s.worst(), CheckStatus::Fail);
         assert!(s.outputs_identical);
     }
 

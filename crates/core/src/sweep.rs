@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::arch::{ArchInfo, LayerKind};
 use crate::band::{Assignment, BandRules, UNASSIGNED};
 use crate::engine::{Engine, EngineError, Mode, Work};
 use crate::node::NodeInfo;
@@ -452,6 +453,88 @@ pub struct DepthRow {
     pub coverage: f64,
     /// ms/token per band, in the summary's band order.
     pub ms_per_token: Vec<f64>,
+    /// The attention band's ms/token split by layer kind, in the order of
+    /// [`SweepSummary::attention_kinds`] (empty when the model has one kind of attention layer).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attention_by_kind: Vec<f64>,
+}
+
+/// The attention layers of one kind, whose share of the attention band a sweep fits apart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KindSeries {
+    pub kind: LayerKind,
+    /// The window of sliding-window layers.
+    pub window: Option<u32>,
+    pub layers: u32,
+    /// The fit against depth: for sliding-window layers over the depths at or past the window
+    /// only (where their work should stop growing), for full attention over every depth.
+    pub fit: Option<BandFit>,
+    /// The first depth the fit covers.
+    pub fit_from_depth: u32,
+    pub text: String,
+}
+
+/// What a sweep summary needs of the graph, computed once: the bands present, each node's band
+/// (an index into them; unassigned nodes get `bands.len()`), and for nodes of the attention band
+/// the kind of their layer where the model has several (sliding-window and full attention).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepIndex {
+    pub bands: Vec<String>,
+    pub band: Vec<u16>,
+    /// The attention kinds split apart: (kind, window, layers).
+    pub kinds: Vec<(LayerKind, Option<u32>, u32)>,
+    /// Per node, an index into `kinds` (`u8::MAX`: not split).
+    pub kind: Vec<u8>,
+    /// The FFN band the crossover compares attention with (`@ffn` resolved for the model).
+    pub ffn_band: Option<String>,
+}
+
+impl SweepIndex {
+    pub fn new(
+        graph: &[NodeInfo],
+        assignments: &[Assignment],
+        rules: &BandRules,
+        arch: &ArchInfo,
+    ) -> SweepIndex {
+        let bands = rules.bands_in(assignments);
+        let band = band_index(assignments, &bands);
+        let mut kinds: Vec<(LayerKind, Option<u32>, u32)> = Vec::new();
+        if arch.layers_of(LayerKind::SlidingWindow) > 0 {
+            for k in [LayerKind::SlidingWindow, LayerKind::FullAttention] {
+                let layers = arch.layers_of(k);
+                if layers > 0 {
+                    let window = arch
+                        .layers
+                        .iter()
+                        .find(|l| l.kind == k)
+                        .and_then(|l| l.window);
+                    kinds.push((k, window, layers));
+                }
+            }
+        }
+        let layers = crate::node::effective_layers(graph);
+        let kind = graph
+            .iter()
+            .zip(assignments)
+            .zip(&layers)
+            .map(|((_, a), l)| {
+                if Some(&a.band) != rules.attention_band.as_ref() {
+                    return u8::MAX;
+                }
+                l.and_then(|l| arch.kind_of(l))
+                    .and_then(|k| kinds.iter().position(|(kk, _, _)| *kk == k))
+                    .map(|i| i as u8)
+                    .unwrap_or(u8::MAX)
+            })
+            .collect();
+        SweepIndex {
+            bands,
+            band,
+            kinds,
+            kind,
+            ffn_band: rules.ffn_band_for(arch),
+        }
+    }
 }
 
 /// A band's fit against depth.
@@ -508,6 +591,9 @@ pub struct SweepSummary {
     pub depths: Vec<DepthRow>,
     pub fits: Vec<BandFit>,
     pub crossover: Option<Crossover>,
+    /// The attention band by layer kind (models with sliding-window layers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attention_kinds: Vec<KindSeries>,
     pub mean_abs_agreement: f64,
     pub min_coverage: f64,
     pub cost: Option<SweepCost>,
@@ -544,11 +630,13 @@ pub fn summarise_sweep(
     cfg: &SweepConfig,
     rules: &BandRules,
     graph: &[NodeInfo],
-    index: &[u16],
+    sweep_index: &SweepIndex,
     records: &[ChunkRecord],
     passes: &[PassLog],
 ) -> Result<SweepSummary, SweepError> {
-    let bands: Vec<String> = rules.bands.iter().map(|b| b.name.clone()).collect();
+    let bands = sweep_index.bands.clone();
+    let index = &sweep_index.band;
+    let nk = sweep_index.kinds.len();
     let nb = bands.len();
     let tok = cfg.work.chunk_tokens.max(1) as f64;
     let mut by_chunk: BTreeMap<u32, (Vec<f64>, Vec<&[f32]>)> = BTreeMap::new();
@@ -575,10 +663,15 @@ pub fn summarise_sweep(
             continue;
         }
         let mut band_us = vec![0f64; nb + 1];
+        let mut kind_us = vec![0f64; nk];
         for (i, &b) in index.iter().enumerate() {
             column.clear();
             column.extend(timed.iter().map(|t| t[i]));
-            band_us[b as usize] += median_small(&mut column) as f64;
+            let us = median_small(&mut column) as f64;
+            band_us[b as usize] += us;
+            if let Some(k) = kind_us.get_mut(sweep_index.kind[i] as usize) {
+                *k += us;
+            }
         }
         let total: f64 = band_us.iter().sum();
         let sums: Vec<f64> = timed
@@ -620,39 +713,92 @@ pub fn summarise_sweep(
                     }
                 })
                 .collect(),
+            attention_by_kind: kind_us
+                .iter()
+                .map(|us| {
+                    if total > 0.0 {
+                        us / total * wall / tok
+                    } else {
+                        0.0
+                    }
+                })
+                .collect(),
         });
     }
     if depths.is_empty() {
         return Err(SweepError::Empty);
     }
     let x: Vec<f64> = depths.iter().map(|d| d.depth as f64).collect();
-    let span = x.last().copied().unwrap_or(0.0) - x[0];
     let mut fits = Vec::new();
     if depths.len() >= 2 {
         for (b, band) in bands.iter().enumerate() {
             let y: Vec<f64> = depths.iter().map(|d| d.ms_per_token[b]).collect();
-            let Ok(fit) = linear_fit(&x, &y) else {
-                continue;
-            };
-            let s = Sample::new(&y).map_err(|_| SweepError::Empty)?;
-            let mean = s.mean();
-            let change = if mean != 0.0 {
-                (fit.b * span / mean).abs()
-            } else {
-                0.0
-            };
-            let insignificant = fit.n > 2 && fit.b.abs() <= SLOPE_SIGMAS * fit.se_b;
-            fits.push(BandFit {
-                band: band.clone(),
-                fit,
-                mean_ms_per_token: mean,
-                cv: s.cv(),
-                change,
-                flat: change <= FLAT_CHANGE || insignificant,
-            });
+            if let Some(f) = band_fit(band, &x, &y)? {
+                fits.push(f);
+            }
         }
     }
-    let crossover = crossover_of(rules, &bands, &depths, &fits, cfg.max_depth());
+    let attention_kinds = sweep_index
+        .kinds
+        .iter()
+        .enumerate()
+        .map(|(k, &(kind, window, layers))| {
+            // sliding layers: fit where the window is full, from the first depth at or past it
+            let from = match (kind, window) {
+                (LayerKind::SlidingWindow, Some(w)) => w,
+                _ => 0,
+            };
+            let pts: Vec<(f64, f64)> = depths
+                .iter()
+                .filter(|d| d.depth >= from)
+                .map(|d| (d.depth as f64, d.attention_by_kind[k]))
+                .collect();
+            let (xs, ys): (Vec<f64>, Vec<f64>) = pts.into_iter().unzip();
+            let name = match window {
+                Some(w) => format!("attention ({}, window {w})", kind.as_str()),
+                None => format!("attention ({})", kind.as_str()),
+            };
+            let fit = if xs.len() >= 2 {
+                band_fit(&name, &xs, &ys)?
+            } else {
+                None
+            };
+            let text = match (&fit, kind) {
+                (None, _) => {
+                    format!("{name}, {layers} layers: fewer than 2 depths from {from} on, no fit")
+                }
+                (Some(f), LayerKind::SlidingWindow) => format!(
+                    "{name}, {layers} layers: {} past the window ({:+.3e} ms/token per token of \
+                     depth from depth {from}, change {:.1} % of its mean)",
+                    if f.flat { "flat" } else { "still growing" },
+                    f.fit.b,
+                    f.change * 100.0
+                ),
+                (Some(f), _) => format!(
+                    "{name}, {layers} layers: {} ({:+.3e} ms/token per token of depth, R² {:.3})",
+                    if f.flat { "flat" } else { "grows" },
+                    f.fit.b,
+                    f.fit.r2
+                ),
+            };
+            Ok(KindSeries {
+                kind,
+                window,
+                layers,
+                fit,
+                fit_from_depth: from,
+                text,
+            })
+        })
+        .collect::<Result<Vec<_>, SweepError>>()?;
+    let crossover = crossover_of(
+        rules,
+        sweep_index.ffn_band.as_deref(),
+        &bands,
+        &depths,
+        &fits,
+        cfg.max_depth(),
+    );
     let mean_abs_agreement =
         depths.iter().map(|d| d.agreement.abs()).sum::<f64>() / depths.len() as f64;
     let min_coverage = depths
@@ -748,6 +894,7 @@ pub fn summarise_sweep(
         depths,
         fits,
         crossover,
+        attention_kinds,
         mean_abs_agreement,
         min_coverage,
         cost,
@@ -755,15 +902,41 @@ pub fn summarise_sweep(
     })
 }
 
+/// A band's line against depth, flagged flat when its fitted change is small or its slope not
+/// significant; `None` where the points admit no fit.
+fn band_fit(band: &str, x: &[f64], y: &[f64]) -> Result<Option<BandFit>, SweepError> {
+    let Ok(fit) = linear_fit(x, y) else {
+        return Ok(None);
+    };
+    let span = x.last().copied().unwrap_or(0.0) - x.first().copied().unwrap_or(0.0);
+    let s = Sample::new(y).map_err(|_| SweepError::Empty)?;
+    let mean = s.mean();
+    let change = if mean != 0.0 {
+        (fit.b * span / mean).abs()
+    } else {
+        0.0
+    };
+    let insignificant = fit.n > 2 && fit.b.abs() <= SLOPE_SIGMAS * fit.se_b;
+    Ok(Some(BandFit {
+        band: band.to_string(),
+        fit,
+        mean_ms_per_token: mean,
+        cv: s.cv(),
+        change,
+        flat: change <= FLAT_CHANGE || insignificant,
+    }))
+}
+
 fn crossover_of(
     rules: &BandRules,
+    ffn: Option<&str>,
     bands: &[String],
     depths: &[DepthRow],
     fits: &[BandFit],
     max_depth: u32,
 ) -> Option<Crossover> {
     let att = rules.attention_band.as_ref()?;
-    let ffn = rules.ffn_band.as_ref()?;
+    let ffn = &ffn?.to_string();
     let ai = bands.iter().position(|b| b == att)?;
     let fi = bands.iter().position(|b| b == ffn)?;
     let fa = fits.iter().find(|f| &f.band == att)?;
@@ -918,7 +1091,7 @@ mod tests {
         }
     }
 
-    fn mock_graph() -> (Vec<NodeInfo>, BandRules, Vec<u16>) {
+    fn mock_graph() -> (Vec<NodeInfo>, BandRules, SweepIndex) {
         let rules = BandRules::builtin("qwen35moe").unwrap();
         let graph = crate::mock::MockEngine::new(&[
             ("FLASH_ATTN_EXT", "node_0", "", 1.0),
@@ -933,8 +1106,7 @@ mod tests {
         let md = crate::arch::tests::qwen35moe_md(4);
         let arch = crate::arch::ArchInfo::from_metadata(&md).unwrap();
         let a = crate::band::Categoriser::new(&rules, &arch).categorise(&graph);
-        let bands: Vec<String> = rules.bands.iter().map(|b| b.name.clone()).collect();
-        let idx = band_index(&a, &bands);
+        let idx = SweepIndex::new(&graph, &a, &rules, &arch);
         (graph, rules, idx)
     }
 
@@ -1051,6 +1223,101 @@ mod tests {
             "{:?}",
             s.checks
         );
+    }
+
+    /// Chunk times of a two-layer model: layer 0 slides over `window` tokens (its attention
+    /// grows with depth only until the window is full), layer 1 attends to everything.
+    struct SlidingMock {
+        chunk: u32,
+        window: u32,
+        pass: Option<(Mode, u32)>,
+    }
+
+    impl Engine for SlidingMock {
+        fn info(&self) -> crate::engine::EngineInfo {
+            unimplemented!()
+        }
+        fn prepare(&mut self, _: &Work) -> Result<(), EngineError> {
+            Ok(())
+        }
+        fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
+            Ok(Vec::new())
+        }
+        fn run(&mut self, _: Mode) -> Result<ChunkTiming, EngineError> {
+            unimplemented!()
+        }
+        fn start_pass(&mut self, mode: Mode, first: u32) -> Result<(), EngineError> {
+            self.pass = Some((mode, first));
+            Ok(())
+        }
+        fn pass_chunk(&mut self, mode: Mode, index: u32) -> Result<ChunkTiming, EngineError> {
+            self.pass = Some((mode, index + 1));
+            let depth = (index * self.chunk) as f64;
+            let tok = self.chunk as f64 * 1e3;
+            let sliding = (0.2 + 1e-4 * depth.min(self.window as f64)) * tok;
+            let full = (0.2 + 1e-4 * depth) * tok;
+            let ffn = 1.0 * tok;
+            Ok(ChunkTiming {
+                wall_ms: (sliding + full + ffn) / 1e3,
+                node_us: if mode == Mode::Timed {
+                    vec![sliding, full, ffn]
+                } else {
+                    Vec::new()
+                },
+                nodes_seen: 3,
+                output_hash: 0,
+            })
+        }
+    }
+
+    #[test]
+    fn sliding_window_attention_is_fitted_apart_and_flattens_past_its_window() {
+        let mut md = crate::arch::tests::dense_md("gemma3", 2);
+        md.u.insert("gemma3.attention.sliding_window".into(), 2048);
+        md.a.insert("gemma3.attention.sliding_window_pattern".into(), vec![1, 0]);
+        let arch = crate::arch::ArchInfo::from_metadata(&md).unwrap();
+        let rules = BandRules::builtin("gemma3").unwrap();
+        let graph = crate::mock::MockEngine::new(&[
+            ("SOFT_MAX", "kq_soft_max-0", "", 1.0),
+            ("SOFT_MAX", "kq_soft_max-1", "", 1.0),
+            ("MUL_MAT", "ffn_out-0", "blk.0.ffn_down.weight", 1.0),
+        ])
+        .graph;
+        let a = crate::band::Categoriser::new(&rules, &arch).categorise(&graph);
+        let idx = SweepIndex::new(&graph, &a, &rules, &arch);
+        // only the bands the graph holds, and @ffn resolved for a dense model
+        assert_eq!(idx.bands, vec!["attention", "dense_ffn"]);
+        assert_eq!(idx.ffn_band.as_deref(), Some("dense_ffn"));
+        assert_eq!(idx.kind, vec![0, 1, u8::MAX]);
+        let c = cfg(17, 1);
+        let mut store = MemoryStore::default();
+        let mut e = SlidingMock {
+            chunk: 512,
+            window: 2048,
+            pass: None,
+        };
+        run_sweep(&mut e, &c, graph.len(), &mut store, &mut |_, _, _| {}).unwrap();
+        let s = summarise_sweep(&c, &rules, &graph, &idx, &store.records, &store.passes).unwrap();
+        assert_eq!(s.attention_kinds.len(), 2);
+        let sliding = &s.attention_kinds[0];
+        assert_eq!(
+            (sliding.kind, sliding.window, sliding.fit_from_depth),
+            (LayerKind::SlidingWindow, Some(2048), 2048)
+        );
+        let f = sliding.fit.as_ref().unwrap();
+        assert!(f.flat && f.fit.b.abs() < 1e-9, "{f:?}");
+        assert!(
+            sliding.text.contains("flat past the window"),
+            "{}",
+            sliding.text
+        );
+        let full = s.attention_kinds[1].fit.as_ref().unwrap();
+        assert!(!full.flat && (full.fit.b - 1e-4).abs() < 1e-9, "{full:?}");
+        // the two kinds add up to the attention band at every depth
+        for d in &s.depths {
+            let sum: f64 = d.attention_by_kind.iter().sum();
+            assert!((sum - d.ms_per_token[0]).abs() < 1e-9);
+        }
     }
 
     #[test]

@@ -871,7 +871,9 @@ pub fn analyse(
     let cat = crate::band::Categoriser::new(rules, arch);
     let assignments = cat.categorise(&raw.graph);
     let needs = needs(&raw.graph, &raw.config.work);
-    let summary = summarise(raw, &assignments, &needs, &rules.band_names())?;
+    let bands = rules.bands_in(&assignments);
+    let band_order: Vec<&str> = bands.iter().map(String::as_str).collect();
+    let summary = summarise(raw, &assignments, &needs, &band_order)?;
     Ok((assignments, needs, summary))
 }
 

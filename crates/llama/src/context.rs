@@ -176,6 +176,10 @@ impl Context {
         p.n_ubatch = params.n_ubatch;
         p.n_seq_max = params.n_seq_max.max(1);
         p.kv_unified = params.kv_unified;
+        // Sliding-window layers keep a cache of the window plus one batch, as llama.cpp's own
+        // tools do (common.h: swa_full = false); the C API's default (true) would give them a
+        // full-size cache and attention work that keeps growing with depth.
+        p.swa_full = false;
         if let Some(t) = params.type_k {
             p.type_k = t.ggml();
         }

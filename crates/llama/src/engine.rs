@@ -506,6 +506,7 @@ impl Engine for LlamaEngine {
             format!("{:?}", self.cfg.flash_attn).to_lowercase(),
         );
         settings.insert("gpu_layers".into(), self.cfg.gpu_layers.to_string());
+        settings.insert("swa_full".into(), "false".into());
         settings.insert("weight_repack".into(), (!self.cfg.no_repack).to_string());
         if let Some(u) = self.cfg.ubatch {
             settings.insert("ubatch".into(), u.to_string());

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use opledger_core::band::Assignment;
-use opledger_core::census::Census;
+use opledger_core::census::{Census, ExpectationStatus};
 use opledger_core::node::NodeInfo;
 
 use crate::table::{text_table, Align};
@@ -174,9 +174,16 @@ pub fn census_text(c: &Census, shapes_shown: usize) -> String {
             vec![
                 e.op.clone(),
                 e.band.clone(),
-                e.expected.to_string(),
+                e.expected
+                    .map(|x| x.to_string())
+                    .unwrap_or_else(|| "-".into()),
                 e.found.to_string(),
-                if e.ok() { "ok" } else { "MISMATCH" }.to_string(),
+                match e.status() {
+                    ExpectationStatus::AsExpected => "ok",
+                    ExpectationStatus::Mismatch => "MISMATCH",
+                    ExpectationStatus::NotPredicted => "not predicted",
+                }
+                .to_string(),
                 e.rule.clone(),
             ]
         })
@@ -200,19 +207,6 @@ pub fn census_text(c: &Census, shapes_shown: usize) -> String {
         )
     );
     out
-}
-
-/// A fixed colour per band name (unknown bands get grey).
-fn band_colour(band: &str) -> &'static str {
-    match band {
-        "attention" => "#e4572e",
-        "linear_attention" => "#29335c",
-        "projections" => "#f3a712",
-        "moe" => "#669bbc",
-        "dense_ffn" => "#669bbc",
-        "other" => "#a8c686",
-        _ => "#bbbbbb",
-    }
 }
 
 fn dot_escape(s: &str) -> String {
@@ -249,7 +243,7 @@ pub fn layer_dot(
         let n = &graph[i];
         let band = assignments.get(i).map(|a| a.band.as_str()).unwrap_or("?");
         bands_seen.insert(band, ());
-        let colour = band_colour(band);
+        let colour = crate::svg::band_colour(band);
         let font = if matches!(band, "linear_attention") {
             "white"
         } else {
@@ -285,7 +279,7 @@ pub fn layer_dot(
         let _ = writeln!(
             out,
             "    \"legend_{band}\" [label=\"{band}\", fillcolor=\"{}\"];",
-            band_colour(band)
+            crate::svg::band_colour(band)
         );
     }
     let _ = writeln!(out, "  }}\n}}");

@@ -8,7 +8,7 @@ use opledger_core::manifest::Manifest;
 use opledger_core::node::NodeInfo;
 use opledger_core::profile::{self, ProfileRaw, ProfileSummary, SummaryError};
 use opledger_core::sweep::{
-    band_index, summarise_sweep, ChunkRecord, PassLog, SweepConfig, SweepError, SweepSummary,
+    summarise_sweep, ChunkRecord, PassLog, SweepConfig, SweepError, SweepIndex, SweepSummary,
 };
 use opledger_core::waste::{self, NodeNeed, WasteError, WasteSummary};
 
@@ -58,8 +58,7 @@ impl<'a> SweepView<'a> {
         let rules = &manifest.band_rules;
         let assignments =
             opledger_core::band::Categoriser::new(rules, &manifest.model.arch).categorise(graph);
-        let bands: Vec<String> = rules.bands.iter().map(|b| b.name.clone()).collect();
-        let index = band_index(&assignments, &bands);
+        let index = SweepIndex::new(graph, &assignments, rules, &manifest.model.arch);
         let summary = summarise_sweep(cfg, rules, graph, &index, records, passes)?;
         Ok(SweepView {
             manifest,

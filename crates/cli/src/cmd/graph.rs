@@ -109,8 +109,8 @@ pub fn run(args: GraphArgs) -> Result<ExitCode> {
                 "nodes.csv",
                 opledger_report::nodes_csv(&graph, &assignments, &[])?.as_bytes(),
             )?;
-            for kind in [LayerKind::LinearAttention, LayerKind::FullAttention] {
-                if let Some(layer) = arch.layer_kinds.iter().position(|k| *k == kind) {
+            for kind in LayerKind::ALL {
+                if let Some(layer) = arch.layers.iter().position(|l| l.kind == kind) {
                     let title = format!(
                         "{} layer {layer} ({}) of {}",
                         kind.as_str(),
@@ -135,15 +135,17 @@ pub fn run(args: GraphArgs) -> Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&export)?);
         } else {
             println!(
-                "graph of {} ({}, {} layers: {} linear-attention, {} full-attention), chunk of {} tokens at depth {}",
+                "graph of {} ({}, {} layers), chunk of {} tokens at depth {}",
                 model_args.path()?.display(),
                 arch.arch,
                 arch.n_layers(),
-                arch.layers_of(LayerKind::LinearAttention),
-                arch.layers_of(LayerKind::FullAttention),
                 args.chunk,
                 args.depth
             );
+            println!("layers: {}", arch.layer_summary());
+            for note in file.notes() {
+                println!("note: {note}");
+            }
             println!(
                 "to get it: model loaded in {:.2} s (memory-mapped, prefetched by llama.cpp, weights not repacked); \
                  llama.cpp computed {} of the chunk's {} nodes{} in {:.2} s; peak RSS {:.2} GB\n",
@@ -173,7 +175,11 @@ pub fn run(args: GraphArgs) -> Result<ExitCode> {
             for e in bad {
                 eprintln!(
                     "census mismatch: {} in band {}: expected {} ({}), found {}",
-                    e.op, e.band, e.expected, e.rule, e.found
+                    e.op,
+                    e.band,
+                    e.expected.map(|x| x.to_string()).unwrap_or_default(),
+                    e.rule,
+                    e.found
                 );
             }
             Ok(ExitCode::from(3))

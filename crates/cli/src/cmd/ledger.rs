@@ -185,7 +185,6 @@ pub fn run_ledger(args: LedgerArgs) -> Result<ExitCode> {
         overhead_pairs: 0,
         gate: Default::default(),
     };
-    let bands: Vec<String> = rules.bands.iter().map(|b| b.name.clone()).collect();
     let format = if args.json {
         LedgerFormat::Json
     } else {
@@ -225,6 +224,8 @@ pub fn run_ledger(args: LedgerArgs) -> Result<ExitCode> {
             engine.prepare(&cfg.work)?;
             let graph = engine.graph()?;
             let a = Categoriser::new(&rules, &file.arch).categorise(&graph);
+            // the bands this engine's graph holds (a generic rule set names more)
+            let bands = rules.bands_in(&a);
             match measure_replay(
                 engine.as_mut(),
                 &graph,

@@ -174,13 +174,13 @@ pub fn run(args: OpsArgs) -> Result<ExitCode> {
             }
         }
         bar.finish_and_clear();
-        let bands: Vec<String> = rules.bands.iter().map(|b| b.name.clone()).collect();
+        let bands: Vec<String> = summary.bands.iter().map(|b| b.band.clone()).collect();
         let in_graph: BTreeMap<String, f64> = summary
             .bands
             .iter()
             .map(|b| (b.band.clone(), b.ms_per_token))
             .collect();
-        let moe = rules.ffn_band.clone().filter(|_| file.arch.is_moe());
+        let moe = rules.ffn_band_for(&file.arch).filter(|_| file.arch.is_moe());
         let ops = summarise_ops(
             &bands,
             &in_graph,
