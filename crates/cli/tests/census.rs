@@ -48,7 +48,7 @@ fn census_of(path: &Path, rules: Option<BandRules>, flash_attn: FlashAttn) -> Ce
         "the capture ran more than one node"
     );
     let a = Categoriser::new(&rules, &file.arch).categorise(&capture.nodes);
-    census(&capture.nodes, &a, &file.arch)
+    census(&capture.nodes, &a, &file.arch, true)
 }
 
 fn synth(dir: &Path, preset: &str) -> PathBuf {

@@ -3,7 +3,7 @@
 
 use opledger_core::ab::AbReport;
 use opledger_core::band::Assignment;
-use opledger_core::census::{census, Census};
+use opledger_core::census::{census, predicts_engine, Census};
 use opledger_core::manifest::Manifest;
 use opledger_core::node::NodeInfo;
 use opledger_core::profile::{self, ProfileRaw, ProfileSummary, SummaryError};
@@ -26,9 +26,15 @@ pub struct ProfileView<'a> {
 
 impl<'a> ProfileView<'a> {
     pub fn new(manifest: &'a Manifest, raw: &'a ProfileRaw) -> Result<Self, SummaryError> {
-        let (assignments, summary) =
+        let (assignments, mut summary) =
             profile::analyse(raw, &manifest.band_rules, &manifest.model.arch)?;
-        let census = census(&raw.graph, &assignments, &manifest.model.arch);
+        let census = census(
+            &raw.graph,
+            &assignments,
+            &manifest.model.arch,
+            predicts_engine(&manifest.engine.engine),
+        );
+        summary.add_census_check(&census);
         Ok(ProfileView {
             manifest,
             raw,

@@ -87,7 +87,7 @@ pub fn run(args: GraphArgs) -> Result<ExitCode> {
         let arch = &file.arch;
         let cat = Categoriser::new(&rules, arch);
         let assignments = cat.categorise(&graph);
-        let c = census(&graph, &assignments, arch);
+        let c = census(&graph, &assignments, arch, true);
         let export = GraphExport {
             schema_version: c.schema_version,
             census: &c,

@@ -97,7 +97,7 @@ pub fn run(args: OpsArgs) -> Result<ExitCode> {
         })?;
         let (assignments, summary) = opledger_core::profile::analyse(&raw, &rules, &file.arch)?;
         let captured: BTreeMap<u32, Vec<i32>> = engine.capture_routing()?.into_iter().collect();
-        let census = opledger_core::census::census(&raw.graph, &assignments, &file.arch);
+        let census = opledger_core::census::census(&raw.graph, &assignments, &file.arch, true);
         let rotate = args.rotate_mib << 20;
         let mut rows = Vec::new();
         bar.set_length(census.shapes.len() as u64);
