@@ -148,7 +148,8 @@ pub struct LayerWeights {
     /// predict (MLA, RWKV, short conv, other recurrences).
     #[serde(default)]
     pub mixer: Option<u32>,
-    /// A dense FFN's gate, up and down (`ffn_gate`, `ffn_up`, `ffn_down`).
+    /// A dense FFN's gate, up and down (`ffn_gate`, `ffn_up`, `ffn_down`; RWKV's channel mix
+    /// `channel_mix_key`, `_value`, `_receptance`).
     #[serde(default)]
     pub dense_ffn: u32,
     /// Routed-expert tensors (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`,
@@ -582,6 +583,18 @@ fn layer_of(md: &dyn Metadata, il: usize) -> LayerInfo {
             "attn_qkv",
             "attn_output",
         ])),
+        // deepseek2.cpp:98-122 (absorbed MLA): each of these is one matmul, k_b and v_b batched
+        // over the heads
+        Mixer::Mla => Some(count(&[
+            "attn_q_a",
+            "attn_q_b",
+            "attn_q",
+            "attn_kv_a_mqa",
+            "attn_k_b",
+            "attn_v_b",
+            "attn_kv_b",
+            "attn_output",
+        ])),
         Mixer::DeltaNet => Some(count(&[
             "attn_qkv",
             "attn_gate",
@@ -611,7 +624,14 @@ fn layer_of(md: &dyn Metadata, il: usize) -> LayerInfo {
             && (has("ffn_down_shexp") || has("ffn_up_shexp") || has("ffn_gate_shexp")),
         weights: LayerWeights {
             mixer: mixer_weights,
-            dense_ffn: count(&["ffn_gate", "ffn_up", "ffn_down"]),
+            dense_ffn: count(&[
+                "ffn_gate",
+                "ffn_up",
+                "ffn_down",
+                "channel_mix_key",
+                "channel_mix_value",
+                "channel_mix_receptance",
+            ]),
             experts: count(&[
                 "ffn_gate_exps",
                 "ffn_up_exps",

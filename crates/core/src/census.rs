@@ -402,7 +402,7 @@ pub fn expected_counts(
         let n = *n;
         let kind = l.kind.as_str();
         match l.mixer {
-            Mixer::Attention => {
+            Mixer::Attention | Mixer::Mla => {
                 if flash_attn {
                     t.add(
                         "FLASH_ATTN_EXT",
@@ -476,7 +476,7 @@ pub fn expected_counts(
             }
             Mixer::None => {}
             other => {
-                // MLA, RWKV, short conv, other recurrences: their matmuls are not predicted
+                // RWKV, short conv, other recurrences: their matmuls are not predicted
                 let (band, core) = if l.kind.is_attention() {
                     ("projections", "attention")
                 } else {
@@ -736,39 +736,48 @@ mod tests {
 
     #[test]
     fn a_mixer_opledger_does_not_count_is_not_predicted_never_as_expected() {
-        // MLA layers: their matmuls are not predicted; the row says so and is no mismatch
+        // RWKV time mixing: its matmuls are not predicted; the row says so and is no mismatch
         let mut md = crate::arch::tests::MapMetadata::default();
-        md.s.insert("general.architecture".into(), "deepseek2".into());
-        md.u.insert("deepseek2.block_count".into(), 2);
-        md.u.insert("deepseek2.embedding_length".into(), 256);
+        md.s.insert("general.architecture".into(), "rwkv6".into());
+        md.u.insert("rwkv6.block_count".into(), 2);
+        md.u.insert("rwkv6.embedding_length".into(), 256);
         for il in 0..2 {
             md.layer_tensors(
                 il,
-                &["attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_output"],
+                &[
+                    "time_mix_key",
+                    "time_mix_value",
+                    "time_mix_receptance",
+                    "time_mix_output",
+                    "channel_mix_key",
+                    "channel_mix_value",
+                    "channel_mix_receptance",
+                ],
             );
-            md.layer_tensors(il, &crate::arch::tests::DENSE);
         }
         let arch = ArchInfo::from_metadata(&md).unwrap();
+        assert_eq!(arch.layer(0).unwrap().mixer, Mixer::Rwkv);
         let graph = MockEngine::new(&[
-            ("MUL_MAT", "q-0", "blk.0.attn_q_a.weight", 1.0),
-            ("MUL_MAT", "q-1", "blk.1.attn_q_a.weight", 1.0),
+            ("MUL_MAT", "k-0", "blk.0.time_mix_key.weight", 1.0),
+            ("MUL_MAT", "k-1", "blk.1.time_mix_key.weight", 1.0),
             ("MUL_MAT", "result_output", "output.weight", 1.0),
         ])
         .graph;
-        let rules = BandRules::builtin("deepseek2").unwrap();
+        let rules = BandRules::builtin("rwkv6").unwrap();
         let a = Categoriser::new(&rules, &arch).categorise(&graph);
         let c = census(&graph, &a, &arch, true);
-        let proj = c
+        let mixer = c
             .expectations
             .iter()
-            .find(|e| e.op == "MUL_MAT" && e.band == "projections")
+            .find(|e| e.op == "MUL_MAT" && e.band == "linear_attention")
             .unwrap();
-        assert_eq!(proj.expected, None);
-        assert_eq!(proj.found, 2);
-        assert_eq!(proj.status(), ExpectationStatus::NotPredicted);
-        assert!(!proj.ok() && !proj.mismatch());
-        assert!(proj.rule.starts_with("not predicted"), "{}", proj.rule);
-        // the dense FFN is still predicted, and the graph here has none of it: a mismatch
+        assert_eq!(mixer.expected, None);
+        assert_eq!(mixer.found, 2);
+        assert_eq!(mixer.status(), ExpectationStatus::NotPredicted);
+        assert!(!mixer.ok() && !mixer.mismatch());
+        assert!(mixer.rule.starts_with("not predicted"), "{}", mixer.rule);
+        // the channel mix is still predicted (3 weights x 2 layers), and the graph here has
+        // none of it: a mismatch
         let ffn = c
             .expectations
             .iter()
@@ -776,5 +785,9 @@ mod tests {
             .unwrap();
         assert_eq!((ffn.expected, ffn.found), (Some(6), 0));
         assert!(c.mismatches().iter().any(|e| e.band == "dense_ffn"));
+        // a graph no llama.cpp built: nothing is predicted at all
+        let c = census(&graph, &a, &arch, false);
+        assert!(c.expectations.iter().all(|e| e.expected.is_none()));
+        assert!(c.mismatches().is_empty());
     }
 }

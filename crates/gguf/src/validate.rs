@@ -404,6 +404,8 @@ impl Hparams {
                     shared_expert_feed_forward_length: shared,
                 });
             }
+            // KNOWN_ARCHS holds only the architectures above
+            _ => {}
         }
         if arch == Arch::Qwen35Moe {
             hp.read_qwen35moe(keys)?;
@@ -523,6 +525,7 @@ impl Hparams {
                 ..la
             }),
             llama3_rope: None,
+            extras: crate::synth::Extras::NONE,
         }
     }
 }
@@ -824,6 +827,11 @@ mod tests {
                     let plan = plan(&o).unwrap();
                     let check = validate_for_llama(&file_of(&plan))
                         .unwrap_or_else(|e| panic!("{} {layers:?} fused {fused}: {e}", p.name));
+                    if !KNOWN_ARCHS.contains(&p.arch) {
+                        // families the gate checks for their structure only
+                        assert!(!check.arch_checked, "{}", p.name);
+                        continue;
+                    }
                     assert!(check.arch_checked);
                     assert_eq!(check.tensors_checked, plan.tensors.len(), "{}", p.name);
                     assert!(check.notes.is_empty(), "{}: {:?}", p.name, check.notes);

@@ -19,10 +19,14 @@ use crate::types::GgmlType;
 use crate::writer::GgufWriter;
 
 pub use fill::{block_scales, fill_chunk, tensor_rng, FLOAT_WEIGHT_RANGE};
+pub use plan::{layer_shape, FfnShape, LayerShape, MixerShape};
 pub use plan::{plan, plan_for, Fill, ModelPlan, PlannedTensor, Role, GENERATED_TYPES};
 pub use preset::{
-    preset, presets, Arch, LinearAttentionShape, Llama3Rope, MoeShape, Preset, LLAMA_31_8B,
-    QWEN36_35B_A3B, QWEN3_30B_A3B, QWEN3_8B, TINY_LLAMA, TINY_QWEN3, TINY_QWEN35MOE, TINY_QWEN3MOE,
+    preset, presets, Arch, Extras, LinearAttentionShape, Llama3Rope, Mamba2Shape, Mla, MoeShape,
+    Preset, SlidingWindow, LLAMA_31_8B, QWEN36_35B_A3B, QWEN3_30B_A3B, QWEN3_8B, TINY_DEEPSEEK2,
+    TINY_GEMMA2, TINY_GEMMA3, TINY_GPT_OSS, TINY_LLAMA, TINY_MIXTRAL, TINY_NEMOTRON_H, TINY_OLMOE,
+    TINY_PHI3, TINY_QWEN2, TINY_QWEN2MOE, TINY_QWEN3, TINY_QWEN35, TINY_QWEN35MOE, TINY_QWEN3MOE,
+    TINY_QWEN3NEXT,
 };
 
 /// Bytes generated and written at a time.
@@ -357,27 +361,74 @@ mod tests {
                 o.layers = Some(layers);
                 let plan = plan(&o).unwrap();
                 let l = layers as usize;
+                let full = plan.full_attention_layers.len();
+                let linear = plan.linear_attention_layers.len();
+                // per family, what its load_arch_tensors creates (src/models/<arch>.cpp),
+                // counted by hand: globals + per layer
                 let expected = match p.arch {
-                    Arch::Qwen35Moe => {
-                        let full = plan.full_attention_layers.len();
-                        let linear = plan.linear_attention_layers.len();
+                    Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next => {
                         assert_eq!(full + linear, l);
                         assert_eq!(count(&plan, "attn_qkv.weight"), linear);
                         assert_eq!(count(&plan, "ssm_conv1d.weight"), linear);
                         assert_eq!(count(&plan, "ssm_a"), linear);
                         assert_eq!(count(&plan, "attn_q.weight"), full);
                         assert_eq!(count(&plan, "attn_output.weight"), full);
-                        assert_eq!(count(&plan, "ffn_gate_shexp.weight"), l);
-                        // 10 MoE/norm tensors a layer, +9 delta-net or +6 attention.
-                        3 + l * 10 + linear * 9 + full * 6
+                        // attn_norm + post_attention_norm; the FFN: MoE router, 3 experts and
+                        // 4 shared-expert tensors, or dense gate/up/down
+                        let ffn = if p.arch == Arch::Qwen35 { 3 } else { 8 };
+                        // delta-net: qkv, gate, conv, dt, a, beta + alpha (qwen3next: one ba),
+                        // norm, out; attention: q, k, v, o and the q/k norms
+                        let delta = if p.arch == Arch::Qwen3Next { 8 } else { 9 };
+                        3 + l * (2 + ffn) + linear * delta + full * 6
                     }
                     Arch::Qwen3Moe => 3 + l * 12,
                     Arch::Qwen3 => 3 + l * 11,
+                    Arch::Llama if p.moe.is_some() => 3 + l * 10,
                     Arch::Llama => 4 + l * 9,
+                    // norm, q/k/v and their biases, o, ffn norm, gate/up/down
+                    Arch::Qwen2 => 3 + l * 12,
+                    // ... with a router, 3 experts and 4 shared-expert tensors for the FFN
+                    Arch::Qwen2Moe => 3 + l * 17,
+                    // tied head; norm, q/k/v/o, post-attention norm, ffn norm, gate/up/down,
+                    // post-FFN norm (gemma3: and the q/k norms)
+                    Arch::Gemma2 => 2 + l * 11,
+                    Arch::Gemma3 => 2 + l * 13,
+                    // norm, fused qkv, o, ffn norm, down, fused gate+up
+                    Arch::Phi3 => 3 + l * 6,
+                    Arch::Deepseek2 => {
+                        let dense = p.extras.leading_dense_layers as usize;
+                        // norm, q_a norm, kv_a norm, q_a, q_b, kv_a_mqa, k_b, v_b, o, ffn norm;
+                        // dense: gate/up/down; MoE: router, 3 experts, 3 shared
+                        3 + l * 10 + dense.min(l) * 3 + l.saturating_sub(dense) * 7
+                    }
+                    // norm, q/k/v, their biases, o, pre-FFN norm, sinks, o bias; router + bias,
+                    // 3 experts, 3 expert biases
+                    Arch::GptOss => 3 + l * 19,
+                    // norm, q/k/v/o, q/k norms, ffn norm, router, 3 experts
+                    Arch::Olmoe => 3 + l * 12,
+                    Arch::NemotronH => {
+                        let kinds: Vec<u8> = (0..l)
+                            .map(|il| {
+                                let pat = p.extras.layer_pattern.unwrap().as_bytes();
+                                pat[il % pat.len()]
+                            })
+                            .collect();
+                        let n = |c: u8| kinds.iter().filter(|&&k| k == c).count();
+                        assert_eq!(linear, n(b'M'));
+                        assert_eq!(full, n(b'*'));
+                        // norm; Mamba-2: in, conv + bias, dt, a, d, norm, out; attention:
+                        // q/k/v/o; FFN: up, down
+                        3 + l + n(b'M') * 8 + n(b'*') * 4 + n(b'-') * 2
+                    }
                 };
                 assert_eq!(plan.tensors.len(), expected, "{} x{layers}", p.name);
                 assert_eq!(count(&plan, "attn_norm.weight"), l);
-                assert!(plan.tensor("output.weight").is_some());
+                assert_eq!(
+                    plan.tensor("output.weight").is_some(),
+                    !p.extras.tied_output,
+                    "{}",
+                    p.name
+                );
                 assert!(plan.tensor("token_embd.weight").is_some());
             }
         }

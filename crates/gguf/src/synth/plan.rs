@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::preset::{Arch, Llama3Rope, Preset};
+use super::preset::{Arch, Llama3Rope, Mla, MoeShape, Preset};
 use super::{SynthError, SynthOptions};
 use crate::types::GgmlType;
 use crate::value::{Array, Value};
@@ -203,18 +203,31 @@ pub fn plan_for(preset: &Preset, opts: &SynthOptions) -> Result<ModelPlan, Synth
             )));
         }
     }
+    if preset.extras.leading_dense_layers > 0 && preset.feed_forward_length == 0 {
+        return Err(SynthError::BadOption(format!(
+            "preset {} has leading dense layers but no feed_forward_length",
+            preset.name
+        )));
+    }
 
-    let is_full = |il: u32| match preset.linear_attention {
-        Some(la) => (il + 1) % la.full_attention_interval.max(1) == 0,
-        None => true,
-    };
-    let full_attention_layers: Vec<u32> = (0..layers).filter(|&il| is_full(il)).collect();
-    let linear_attention_layers: Vec<u32> = (0..layers).filter(|&il| !is_full(il)).collect();
+    let shapes: Vec<LayerShape> = (0..layers).map(|il| layer_shape(preset, il)).collect();
+    let full_attention_layers: Vec<u32> = (0..layers)
+        .filter(|&il| shapes[il as usize].mixer == MixerShape::Attention)
+        .collect();
+    let linear_attention_layers: Vec<u32> = (0..layers)
+        .filter(|&il| {
+            matches!(
+                shapes[il as usize].mixer,
+                MixerShape::DeltaNet | MixerShape::Mamba2
+            )
+        })
+        .collect();
 
     let metadata = metadata(
         preset,
         opts,
         layers,
+        &shapes,
         context_length,
         moe.map(|(e, u, _)| (e, u)),
     );
@@ -225,9 +238,6 @@ pub fn plan_for(preset: &Preset, opts: &SynthOptions) -> Result<ModelPlan, Synth
     };
     let e = u64::from(preset.embedding_length);
     let v = u64::from(preset.vocab_size);
-    let hd = u64::from(preset.head_dim);
-    let nh = u64::from(preset.head_count);
-    let nkv = u64::from(preset.head_count_kv);
 
     b.add("token_embd.weight", &[e, v], Role::Dense, Fill::Weights);
     if let Some(rope) = preset.llama3_rope {
@@ -240,231 +250,14 @@ pub fn plan_for(preset: &Preset, opts: &SynthOptions) -> Result<ModelPlan, Synth
         };
         b.add("rope_freqs.weight", &[u64::from(dims / 2)], Role::F32, fill);
     }
-
-    for il in 0..layers {
-        let blk = |t: &str| format!("blk.{il}.{t}");
-        let ones = Fill::Constant(1.0);
-        b.add(&blk("attn_norm.weight"), &[e], Role::F32, ones);
-        match preset.arch {
-            Arch::Qwen35Moe => {
-                if is_full(il) {
-                    // qwen35moe.cpp: create_tensor_qkv(..., n_embd_head_k * n_head * 2, ...):
-                    // the query projection also carries the output gate.
-                    b.add(
-                        &blk("attn_q.weight"),
-                        &[e, (hd * nh).saturating_mul(2)],
-                        Role::Dense,
-                        Fill::Weights,
-                    );
-                    b.add(
-                        &blk("attn_k.weight"),
-                        &[e, hd * nkv],
-                        Role::Dense,
-                        Fill::Weights,
-                    );
-                    b.add(
-                        &blk("attn_v.weight"),
-                        &[e, hd * nkv],
-                        Role::Dense,
-                        Fill::Weights,
-                    );
-                    b.add(
-                        &blk("attn_output.weight"),
-                        &[hd * nh, e],
-                        Role::Dense,
-                        Fill::Weights,
-                    );
-                    b.add(&blk("attn_q_norm.weight"), &[hd], Role::F32, ones);
-                    b.add(&blk("attn_k_norm.weight"), &[hd], Role::F32, ones);
-                } else if let Some(la) = preset.linear_attention {
-                    let dk = u64::from(la.state_size);
-                    let gk = u64::from(la.group_count);
-                    let hv = u64::from(la.time_step_rank);
-                    let value_dim = dk * hv;
-                    let conv_dim = la.conv_dim();
-                    b.add(
-                        &blk("attn_qkv.weight"),
-                        &[e, (2 * dk).saturating_mul(gk).saturating_add(value_dim)],
-                        Role::Dense,
-                        Fill::Weights,
-                    );
-                    b.add(
-                        &blk("attn_gate.weight"),
-                        &[e, value_dim],
-                        Role::Dense,
-                        Fill::Weights,
-                    );
-                    b.add(
-                        &blk("ssm_conv1d.weight"),
-                        &[u64::from(la.conv_kernel), conv_dim],
-                        Role::F32,
-                        Fill::Uniform {
-                            low: -0.3,
-                            high: 0.3,
-                        },
-                    );
-                    b.add(
-                        &blk("ssm_dt.bias"),
-                        &[hv],
-                        Role::F32,
-                        Fill::Uniform {
-                            low: -0.1,
-                            high: 0.1,
-                        },
-                    );
-                    // ssm_a = -exp(A_log): negative.
-                    b.add(
-                        &blk("ssm_a"),
-                        &[hv],
-                        Role::F32,
-                        Fill::Uniform {
-                            low: -4.0,
-                            high: -0.5,
-                        },
-                    );
-                    b.add(
-                        &blk("ssm_beta.weight"),
-                        &[e, hv],
-                        Role::Dense,
-                        Fill::Weights,
-                    );
-                    b.add(
-                        &blk("ssm_alpha.weight"),
-                        &[e, hv],
-                        Role::Dense,
-                        Fill::Weights,
-                    );
-                    b.add(&blk("ssm_norm.weight"), &[dk], Role::F32, ones);
-                    b.add(
-                        &blk("ssm_out.weight"),
-                        &[value_dim, e],
-                        Role::Dense,
-                        Fill::Weights,
-                    );
-                }
-                b.add(&blk("post_attention_norm.weight"), &[e], Role::F32, ones);
-            }
-            Arch::Qwen3Moe | Arch::Qwen3 | Arch::Llama => {
-                b.add(
-                    &blk("attn_q.weight"),
-                    &[e, hd * nh],
-                    Role::Dense,
-                    Fill::Weights,
-                );
-                b.add(
-                    &blk("attn_k.weight"),
-                    &[e, hd * nkv],
-                    Role::Dense,
-                    Fill::Weights,
-                );
-                b.add(
-                    &blk("attn_v.weight"),
-                    &[e, hd * nkv],
-                    Role::Dense,
-                    Fill::Weights,
-                );
-                b.add(
-                    &blk("attn_output.weight"),
-                    &[hd * nh, e],
-                    Role::Dense,
-                    Fill::Weights,
-                );
-                if preset.arch != Arch::Llama {
-                    b.add(&blk("attn_q_norm.weight"), &[hd], Role::F32, ones);
-                    b.add(&blk("attn_k_norm.weight"), &[hd], Role::F32, ones);
-                }
-                b.add(&blk("ffn_norm.weight"), &[e], Role::F32, ones);
-            }
-        }
-        match moe {
-            Some((experts, _, m)) => {
-                let nexp = u64::from(experts);
-                let ff = u64::from(m.expert_feed_forward_length);
-                // The router stays F32, as llama-quant.cpp leaves "ffn_gate_inp.weight".
-                b.add(
-                    &blk("ffn_gate_inp.weight"),
-                    &[e, nexp],
-                    Role::F32,
-                    Fill::Weights,
-                );
-                if opts.fused_gate_up {
-                    b.add(
-                        &blk("ffn_gate_up_exps.weight"),
-                        &[e, 2 * ff, nexp],
-                        Role::Expert,
-                        Fill::Weights,
-                    );
-                } else {
-                    b.add(
-                        &blk("ffn_gate_exps.weight"),
-                        &[e, ff, nexp],
-                        Role::Expert,
-                        Fill::Weights,
-                    );
-                    b.add(
-                        &blk("ffn_up_exps.weight"),
-                        &[e, ff, nexp],
-                        Role::Expert,
-                        Fill::Weights,
-                    );
-                }
-                b.add(
-                    &blk("ffn_down_exps.weight"),
-                    &[ff, e, nexp],
-                    Role::Expert,
-                    Fill::Weights,
-                );
-                let ffs = u64::from(m.shared_expert_feed_forward_length);
-                if ffs > 0 {
-                    // 1-D: llama-quant.cpp never quantises tensors under 2 dims.
-                    b.add(
-                        &blk("ffn_gate_inp_shexp.weight"),
-                        &[e],
-                        Role::F32,
-                        Fill::Weights,
-                    );
-                    b.add(
-                        &blk("ffn_gate_shexp.weight"),
-                        &[e, ffs],
-                        Role::Dense,
-                        Fill::Weights,
-                    );
-                    b.add(
-                        &blk("ffn_up_shexp.weight"),
-                        &[e, ffs],
-                        Role::Dense,
-                        Fill::Weights,
-                    );
-                    b.add(
-                        &blk("ffn_down_shexp.weight"),
-                        &[ffs, e],
-                        Role::Dense,
-                        Fill::Weights,
-                    );
-                }
-            }
-            None => {
-                let ff = u64::from(preset.feed_forward_length);
-                b.add(
-                    &blk("ffn_gate.weight"),
-                    &[e, ff],
-                    Role::Dense,
-                    Fill::Weights,
-                );
-                b.add(&blk("ffn_up.weight"), &[e, ff], Role::Dense, Fill::Weights);
-                b.add(
-                    &blk("ffn_down.weight"),
-                    &[ff, e],
-                    Role::Dense,
-                    Fill::Weights,
-                );
-            }
-        }
+    for (il, shape) in shapes.iter().enumerate() {
+        layer_tensors(preset, opts, moe, il as u32, *shape, &mut b);
     }
-
     b.add("output_norm.weight", &[e], Role::F32, Fill::Constant(1.0));
-    // Written, not tied: llama.cpp would otherwise reuse token_embd for the head.
-    b.add("output.weight", &[e, v], Role::Dense, Fill::Weights);
+    if !preset.extras.tied_output {
+        // Written, not tied: llama.cpp would otherwise reuse token_embd for the head.
+        b.add("output.weight", &[e, v], Role::Dense, Fill::Weights);
+    }
 
     let mut tensors = b.finish()?;
     let specs: Vec<TensorSpec> = tensors.iter().map(PlannedTensor::spec).collect();
@@ -487,6 +280,387 @@ pub fn plan_for(preset: &Preset, opts: &SynthOptions) -> Result<ModelPlan, Synth
         tensors,
         layout,
     })
+}
+
+/// A layer's token mixer, as the planner writes its tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MixerShape {
+    /// Softmax attention (sliding or not: the tensors are the same).
+    Attention,
+    /// qwen3.5's gated delta-net.
+    DeltaNet,
+    /// Nemotron-H's Mamba-2.
+    Mamba2,
+    /// No mixer (an FFN-only layer of Nemotron-H).
+    None,
+}
+
+/// A layer's FFN, as the planner writes its tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FfnShape {
+    Dense,
+    Moe,
+    None,
+}
+
+/// What layer `il` of a model of `preset` holds: its mixer and its FFN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LayerShape {
+    pub mixer: MixerShape,
+    pub ffn: FfnShape,
+}
+
+/// The structure of layer `il` as llama.cpp's loader for the architecture decides it.
+pub fn layer_shape(preset: &Preset, il: u32) -> LayerShape {
+    let moe_ffn = if preset.moe.is_some() && il >= preset.extras.leading_dense_layers {
+        FfnShape::Moe
+    } else {
+        FfnShape::Dense
+    };
+    if let Some(pattern) = preset.extras.layer_pattern {
+        // nemotron-h.cpp: Mamba-2 where head_count_kv[il] == 0 and feed_forward_length[il]
+        // == 0, attention where head_count_kv[il] > 0, an FFN-only layer where
+        // feed_forward_length[il] > 0
+        let c = pattern.as_bytes()[il as usize % pattern.len().max(1)];
+        return match c {
+            b'M' => LayerShape {
+                mixer: MixerShape::Mamba2,
+                ffn: FfnShape::None,
+            },
+            b'*' => LayerShape {
+                mixer: MixerShape::Attention,
+                ffn: FfnShape::None,
+            },
+            _ => LayerShape {
+                mixer: MixerShape::None,
+                ffn: moe_ffn,
+            },
+        };
+    }
+    let mixer = match preset.linear_attention {
+        // qwen35moe.cpp / qwen35.cpp / qwen3next.cpp: full attention where (il + 1) %
+        // full_attention_interval == 0
+        Some(la) if (il + 1) % la.full_attention_interval.max(1) != 0 => MixerShape::DeltaNet,
+        _ => MixerShape::Attention,
+    };
+    LayerShape {
+        mixer,
+        ffn: moe_ffn,
+    }
+}
+
+/// Every tensor of layer `il`, in the order llama.cpp's `load_arch_tensors` creates them.
+fn layer_tensors(
+    preset: &Preset,
+    opts: &SynthOptions,
+    moe: Option<(u32, u32, MoeShape)>,
+    il: u32,
+    shape: LayerShape,
+    b: &mut Builder,
+) {
+    let blk = |t: &str| format!("blk.{il}.{t}");
+    let e = u64::from(preset.embedding_length);
+    let hd = u64::from(preset.head_dim);
+    let nh = u64::from(preset.head_count);
+    let nkv = u64::from(preset.head_count_kv);
+    let ones = Fill::Constant(1.0);
+    let arch = preset.arch;
+    let w =
+        |b: &mut Builder, t: &str, dims: &[u64]| b.add(&blk(t), dims, Role::Dense, Fill::Weights);
+    let norm =
+        |b: &mut Builder, t: &str, n: u64| b.add(&blk(t), &[n], Role::F32, Fill::Constant(1.0));
+    let bias = |b: &mut Builder, t: &str, dims: &[u64]| {
+        b.add(
+            &blk(t),
+            dims,
+            Role::F32,
+            Fill::Uniform {
+                low: -0.02,
+                high: 0.02,
+            },
+        )
+    };
+
+    norm(b, "attn_norm.weight", e);
+    match shape.mixer {
+        MixerShape::Attention => match arch {
+            Arch::Deepseek2 => {
+                let mla = preset.extras.mla.unwrap_or(Mla {
+                    q_lora_rank: 0,
+                    kv_lora_rank: 0,
+                    qk_nope_head_dim: 0,
+                    qk_rope_head_dim: 0,
+                    v_head_dim: 0,
+                });
+                let qr = u64::from(mla.q_lora_rank);
+                let kvr = u64::from(mla.kv_lora_rank);
+                let nope = u64::from(mla.qk_nope_head_dim);
+                let rope = u64::from(mla.qk_rope_head_dim);
+                let k_mla = nope + rope;
+                let v_mla = u64::from(mla.v_head_dim);
+                // deepseek2.cpp:98-122: q through a low-rank pair, the compressed KV with its
+                // rope part, and K/V decompression split per head (absorbed MLA)
+                if qr > 0 {
+                    norm(b, "attn_q_a_norm.weight", qr);
+                }
+                norm(b, "attn_kv_a_norm.weight", kvr);
+                if qr > 0 {
+                    w(b, "attn_q_a.weight", &[e, qr]);
+                    w(b, "attn_q_b.weight", &[qr, nh.saturating_mul(k_mla)]);
+                } else {
+                    w(b, "attn_q.weight", &[e, nh.saturating_mul(k_mla)]);
+                }
+                w(b, "attn_kv_a_mqa.weight", &[e, kvr + rope]);
+                w(b, "attn_k_b.weight", &[nope, kvr, nh]);
+                w(b, "attn_v_b.weight", &[kvr, v_mla, nh]);
+                w(b, "attn_output.weight", &[nh.saturating_mul(v_mla), e]);
+            }
+            _ => {
+                // qwen2, qwen2moe, olmoe, phi3 project Q to n_embd (they require head_dim x
+                // heads = n_embd); the qwen3.5 family's Q also carries the output gate
+                let q = match arch {
+                    Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next => (hd * nh).saturating_mul(2),
+                    _ => hd * nh,
+                };
+                let kv = hd * nkv;
+                if preset.extras.fused_qkv {
+                    w(b, "attn_qkv.weight", &[e, q + 2 * kv]);
+                } else {
+                    w(b, "attn_q.weight", &[e, q]);
+                    w(b, "attn_k.weight", &[e, kv]);
+                    w(b, "attn_v.weight", &[e, kv]);
+                }
+                if preset.extras.qkv_bias {
+                    bias(b, "attn_q.bias", &[q]);
+                    bias(b, "attn_k.bias", &[kv]);
+                    bias(b, "attn_v.bias", &[kv]);
+                }
+                w(b, "attn_output.weight", &[hd * nh, e]);
+                match arch {
+                    Arch::Qwen35Moe
+                    | Arch::Qwen35
+                    | Arch::Qwen3Next
+                    | Arch::Qwen3Moe
+                    | Arch::Qwen3 => {
+                        norm(b, "attn_q_norm.weight", hd);
+                        norm(b, "attn_k_norm.weight", hd);
+                    }
+                    Arch::Olmoe => {
+                        // olmoe.cpp:28-29: the norms span the whole projected row
+                        norm(b, "attn_q_norm.weight", e);
+                        norm(b, "attn_k_norm.weight", e);
+                    }
+                    Arch::Gemma2 => norm(b, "post_attention_norm.weight", e),
+                    Arch::Gemma3 => {
+                        norm(b, "post_attention_norm.weight", e);
+                        norm(b, "attn_k_norm.weight", hd);
+                        norm(b, "attn_q_norm.weight", hd);
+                    }
+                    Arch::GptOss => {
+                        // openai-moe.cpp:37-49: the pre-FFN norm, sinks (F32) and the output bias
+                        norm(b, "post_attention_norm.weight", e);
+                        b.add(
+                            &blk("attn_sinks.weight"),
+                            &[nh],
+                            Role::F32,
+                            Fill::Uniform {
+                                low: -0.5,
+                                high: 0.5,
+                            },
+                        );
+                        bias(b, "attn_output.bias", &[e]);
+                    }
+                    _ => {}
+                }
+            }
+        },
+        MixerShape::DeltaNet => {
+            let la = preset
+                .linear_attention
+                .expect("a delta-net layer has a linear-attention shape");
+            let dk = u64::from(la.state_size);
+            let gk = u64::from(la.group_count);
+            let hv = u64::from(la.time_step_rank);
+            let value_dim = dk * hv;
+            let conv_dim = la.conv_dim();
+            w(
+                b,
+                "attn_qkv.weight",
+                &[e, (2 * dk).saturating_mul(gk).saturating_add(value_dim)],
+            );
+            w(b, "attn_gate.weight", &[e, value_dim]);
+            b.add(
+                &blk("ssm_conv1d.weight"),
+                &[u64::from(la.conv_kernel), conv_dim],
+                Role::F32,
+                Fill::Uniform {
+                    low: -0.3,
+                    high: 0.3,
+                },
+            );
+            b.add(
+                &blk("ssm_dt.bias"),
+                &[hv],
+                Role::F32,
+                Fill::Uniform {
+                    low: -0.1,
+                    high: 0.1,
+                },
+            );
+            // ssm_a = -exp(A_log): negative.
+            b.add(
+                &blk("ssm_a"),
+                &[hv],
+                Role::F32,
+                Fill::Uniform {
+                    low: -4.0,
+                    high: -0.5,
+                },
+            );
+            if arch == Arch::Qwen3Next {
+                // qwen3next.cpp:92: beta and alpha in one projection
+                w(b, "ssm_ba.weight", &[e, 2 * hv]);
+            } else {
+                w(b, "ssm_beta.weight", &[e, hv]);
+                w(b, "ssm_alpha.weight", &[e, hv]);
+            }
+            norm(b, "ssm_norm.weight", dk);
+            w(b, "ssm_out.weight", &[value_dim, e]);
+        }
+        MixerShape::Mamba2 => {
+            let m = preset.extras.mamba2.expect("a Mamba-2 layer has its shape");
+            let heads = u64::from(m.head_count);
+            let inner = u64::from(m.inner_size);
+            let groups = u64::from(m.group_count.max(1));
+            // nemotron-h.cpp:85-101
+            w(b, "ssm_in.weight", &[e, m.in_proj()]);
+            b.add(
+                &blk("ssm_conv1d.weight"),
+                &[u64::from(m.conv_kernel), m.conv_dim()],
+                Role::F32,
+                Fill::Uniform {
+                    low: -0.3,
+                    high: 0.3,
+                },
+            );
+            bias(b, "ssm_conv1d.bias", &[m.conv_dim()]);
+            b.add(
+                &blk("ssm_dt.bias"),
+                &[heads],
+                Role::F32,
+                Fill::Uniform {
+                    low: -0.1,
+                    high: 0.1,
+                },
+            );
+            b.add(
+                &blk("ssm_a"),
+                &[1, heads],
+                Role::F32,
+                Fill::Uniform {
+                    low: -4.0,
+                    high: -0.5,
+                },
+            );
+            b.add(&blk("ssm_d"), &[1, heads], Role::F32, ones);
+            b.add(
+                &blk("ssm_norm.weight"),
+                &[inner / groups, groups],
+                Role::F32,
+                ones,
+            );
+            w(b, "ssm_out.weight", &[inner, e]);
+        }
+        MixerShape::None => {}
+    }
+
+    // the norm in front of the FFN: qwen3.5's "post_attention_norm", ffn_norm elsewhere
+    match (arch, shape.ffn) {
+        (_, FfnShape::None) | (Arch::NemotronH, _) | (Arch::GptOss, _) => {}
+        (Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next, _) => {
+            norm(b, "post_attention_norm.weight", e)
+        }
+        _ => norm(b, "ffn_norm.weight", e),
+    }
+    match shape.ffn {
+        FfnShape::None => {}
+        FfnShape::Dense => {
+            let ff = u64::from(preset.feed_forward_length);
+            match arch {
+                Arch::Phi3 => {
+                    // phi3.cpp:51-52: gate and up in one ffn_up of twice the width
+                    w(b, "ffn_down.weight", &[ff, e]);
+                    w(b, "ffn_up.weight", &[e, 2 * ff]);
+                }
+                Arch::NemotronH => {
+                    // nemotron-h.cpp:132-138: up and down (squared ReLU), no gate
+                    w(b, "ffn_up.weight", &[e, ff]);
+                    w(b, "ffn_down.weight", &[ff, e]);
+                }
+                _ => {
+                    w(b, "ffn_gate.weight", &[e, ff]);
+                    w(b, "ffn_up.weight", &[e, ff]);
+                    w(b, "ffn_down.weight", &[ff, e]);
+                }
+            }
+        }
+        FfnShape::Moe => {
+            let (experts, _, m) = moe.expect("a MoE layer has experts");
+            let nexp = u64::from(experts);
+            let ff = u64::from(m.expert_feed_forward_length);
+            // The router stays F32, as llama-quant.cpp leaves "ffn_gate_inp.weight".
+            b.add(
+                &blk("ffn_gate_inp.weight"),
+                &[e, nexp],
+                Role::F32,
+                Fill::Weights,
+            );
+            if arch == Arch::GptOss {
+                bias(b, "ffn_gate_inp.bias", &[nexp]);
+            }
+            let expert = |b: &mut Builder, t: &str, dims: &[u64]| {
+                b.add(&blk(t), dims, Role::Expert, Fill::Weights)
+            };
+            if opts.fused_gate_up {
+                expert(b, "ffn_gate_up_exps.weight", &[e, 2 * ff, nexp]);
+            } else {
+                expert(b, "ffn_gate_exps.weight", &[e, ff, nexp]);
+                expert(b, "ffn_up_exps.weight", &[e, ff, nexp]);
+            }
+            expert(b, "ffn_down_exps.weight", &[ff, e, nexp]);
+            if arch == Arch::GptOss {
+                // openai-moe.cpp:52-54: every expert matmul has a bias
+                bias(b, "ffn_gate_exps.bias", &[ff, nexp]);
+                bias(b, "ffn_down_exps.bias", &[e, nexp]);
+                bias(b, "ffn_up_exps.bias", &[ff, nexp]);
+            }
+            let ffs = match arch {
+                // deepseek2.cpp:146-148: the shared experts' width is n_ff_exp x their count
+                Arch::Deepseek2 => ff * u64::from(preset.extras.expert_shared_count.max(1)),
+                _ => u64::from(m.shared_expert_feed_forward_length),
+            };
+            if ffs > 0 {
+                if matches!(arch, Arch::Qwen35Moe | Arch::Qwen3Next | Arch::Qwen2Moe) {
+                    // 1-D: llama-quant.cpp never quantises tensors under 2 dims.
+                    b.add(
+                        &blk("ffn_gate_inp_shexp.weight"),
+                        &[e],
+                        Role::F32,
+                        Fill::Weights,
+                    );
+                }
+                w(b, "ffn_gate_shexp.weight", &[e, ffs]);
+                w(b, "ffn_up_shexp.weight", &[e, ffs]);
+                w(b, "ffn_down_shexp.weight", &[ffs, e]);
+            }
+        }
+    }
+    match arch {
+        Arch::Gemma2 | Arch::Gemma3 if shape.ffn != FfnShape::None => {
+            norm(b, "post_ffw_norm.weight", e)
+        }
+        _ => {}
+    }
 }
 
 struct Builder<'a> {
@@ -534,10 +708,12 @@ fn metadata(
     preset: &Preset,
     opts: &SynthOptions,
     layers: u32,
+    shapes: &[LayerShape],
     context_length: u32,
     moe: Option<(u32, u32)>,
 ) -> Vec<(String, Value)> {
-    let a = preset.arch.as_str();
+    let arch = preset.arch;
+    let a = arch.as_str();
     let mut m: Vec<(String, Value)> = Vec::new();
     let mut put = |key: String, value: Value| m.push((key, value));
     let s = |v: &str| Value::String(v.to_string());
@@ -562,7 +738,17 @@ fn metadata(
         Value::U32(preset.embedding_length),
     );
     put(format!("{a}.block_count"), Value::U32(layers));
-    if preset.feed_forward_length > 0 {
+    let per_layer = |f: &dyn Fn(&LayerShape) -> u32| -> Value {
+        Value::Array(Array::U32(shapes.iter().map(f).collect()))
+    };
+    if arch == Arch::NemotronH {
+        // nemotron-h.cpp:14-16 reads the layer kinds from these two arrays
+        let ff = preset.feed_forward_length;
+        put(
+            format!("{a}.feed_forward_length"),
+            per_layer(&|l| if l.mixer == MixerShape::None { ff } else { 0 }),
+        );
+    } else if preset.feed_forward_length > 0 {
         put(
             format!("{a}.feed_forward_length"),
             Value::U32(preset.feed_forward_length),
@@ -572,39 +758,69 @@ fn metadata(
         format!("{a}.attention.head_count"),
         Value::U32(preset.head_count),
     );
-    put(
-        format!("{a}.attention.head_count_kv"),
-        Value::U32(preset.head_count_kv),
-    );
-    put(
-        format!("{a}.attention.key_length"),
-        Value::U32(preset.head_dim),
-    );
+    let nkv = preset.head_count_kv;
+    if arch == Arch::NemotronH {
+        put(
+            format!("{a}.attention.head_count_kv"),
+            per_layer(&|l| {
+                if l.mixer == MixerShape::Attention {
+                    nkv
+                } else {
+                    0
+                }
+            }),
+        );
+    } else {
+        put(format!("{a}.attention.head_count_kv"), Value::U32(nkv));
+    }
+    let (key_length, value_length, rope_dims) = match preset.extras.mla {
+        // the MLA convention of convert_hf_to_gguf.py: the cache holds the compressed KV and the
+        // rope part, one head
+        Some(mla) => (
+            mla.kv_lora_rank + mla.qk_rope_head_dim,
+            mla.kv_lora_rank,
+            mla.qk_rope_head_dim,
+        ),
+        None => (
+            preset.head_dim,
+            preset.head_dim,
+            preset.rope_dimension_count,
+        ),
+    };
+    put(format!("{a}.attention.key_length"), Value::U32(key_length));
     put(
         format!("{a}.attention.value_length"),
-        Value::U32(preset.head_dim),
+        Value::U32(value_length),
     );
     put(
         format!("{a}.attention.layer_norm_rms_epsilon"),
         Value::F32(preset.rms_eps),
     );
-    put(
-        format!("{a}.rope.dimension_count"),
-        Value::U32(preset.rope_dimension_count),
-    );
-    put(
-        format!("{a}.rope.freq_base"),
-        Value::F32(preset.rope_freq_base),
-    );
+    if arch == Arch::NemotronH {
+        // nemotron-h.cpp:18: required, used by the MTP head's layer norm
+        put(
+            format!("{a}.attention.layer_norm_epsilon"),
+            Value::F32(preset.rms_eps),
+        );
+    } else {
+        put(format!("{a}.rope.dimension_count"), Value::U32(rope_dims));
+        put(
+            format!("{a}.rope.freq_base"),
+            Value::F32(preset.rope_freq_base),
+        );
+    }
     if let Some((experts, used)) = moe {
         put(format!("{a}.expert_count"), Value::U32(experts));
         put(format!("{a}.expert_used_count"), Value::U32(used));
         if let Some(m) = preset.moe {
-            put(
-                format!("{a}.expert_feed_forward_length"),
-                Value::U32(m.expert_feed_forward_length),
-            );
-            if m.shared_expert_feed_forward_length > 0 {
+            // llama, olmoe read the expert width from feed_forward_length
+            if !matches!(arch, Arch::Llama | Arch::Olmoe) {
+                put(
+                    format!("{a}.expert_feed_forward_length"),
+                    Value::U32(m.expert_feed_forward_length),
+                );
+            }
+            if m.shared_expert_feed_forward_length > 0 && arch != Arch::Deepseek2 {
                 put(
                     format!("{a}.expert_shared_feed_forward_length"),
                     Value::U32(m.shared_expert_feed_forward_length),
@@ -613,11 +829,13 @@ fn metadata(
         }
     }
     if let Some(la) = preset.linear_attention {
-        // qwen35moe.cpp load_arch_hparams: sections are read as an array of exactly 4.
-        put(
-            format!("{a}.rope.dimension_sections"),
-            Value::Array(Array::I32(preset.rope_dimension_sections.to_vec())),
-        );
+        if arch != Arch::Qwen3Next {
+            // qwen35moe.cpp load_arch_hparams: sections are read as an array of exactly 4.
+            put(
+                format!("{a}.rope.dimension_sections"),
+                Value::Array(Array::I32(preset.rope_dimension_sections.to_vec())),
+            );
+        }
         put(
             format!("{a}.full_attention_interval"),
             Value::U32(la.full_attention_interval),
@@ -632,6 +850,58 @@ fn metadata(
         // plan_for refuses an inner size above u32::MAX before this is called.
         let inner = u32::try_from(la.inner_size()).unwrap_or(u32::MAX);
         put(format!("{a}.ssm.inner_size"), Value::U32(inner));
+    }
+    if let Some(mb) = preset.extras.mamba2 {
+        put(format!("{a}.ssm.conv_kernel"), Value::U32(mb.conv_kernel));
+        put(format!("{a}.ssm.inner_size"), Value::U32(mb.inner_size));
+        put(format!("{a}.ssm.state_size"), Value::U32(mb.state_size));
+        put(format!("{a}.ssm.time_step_rank"), Value::U32(mb.head_count));
+        put(format!("{a}.ssm.group_count"), Value::U32(mb.group_count));
+    }
+    if let Some(sw) = preset.extras.sliding_window {
+        put(
+            format!("{a}.attention.sliding_window"),
+            Value::U32(sw.window),
+        );
+        if let Some(p) = sw.pattern {
+            put(
+                format!("{a}.attention.sliding_window_pattern"),
+                Value::U32(p),
+            );
+        }
+    }
+    if let Some((attn, last)) = preset.extras.softcap {
+        put(format!("{a}.attn_logit_softcapping"), Value::F32(attn));
+        put(format!("{a}.final_logit_softcapping"), Value::F32(last));
+    }
+    if let Some(mla) = preset.extras.mla {
+        put(
+            format!("{a}.leading_dense_block_count"),
+            Value::U32(preset.extras.leading_dense_layers),
+        );
+        put(
+            format!("{a}.attention.q_lora_rank"),
+            Value::U32(mla.q_lora_rank),
+        );
+        put(
+            format!("{a}.attention.kv_lora_rank"),
+            Value::U32(mla.kv_lora_rank),
+        );
+        put(
+            format!("{a}.attention.key_length_mla"),
+            Value::U32(mla.qk_nope_head_dim + mla.qk_rope_head_dim),
+        );
+        put(
+            format!("{a}.attention.value_length_mla"),
+            Value::U32(mla.v_head_dim),
+        );
+        put(
+            format!("{a}.expert_shared_count"),
+            Value::U32(preset.extras.expert_shared_count),
+        );
+        // 1: softmax over the experts (llama-hparams.h:16-22), as DeepSeek-V2
+        put(format!("{a}.expert_gating_func"), Value::U32(1));
+        put(format!("{a}.expert_weights_norm"), Value::Bool(false));
     }
     m
 }

@@ -40,6 +40,7 @@ pub const MICRO_QWEN35MOE: Preset = Preset {
         time_step_rank: 2,
     }),
     llama3_rope: None,
+    extras: opledger_gguf::synth::Extras::NONE,
 };
 
 /// qwen3moe, 1 layer.
