@@ -53,6 +53,8 @@ pub struct GraphArgs {
 #[derive(Serialize)]
 struct GraphExport<'a> {
     schema_version: u32,
+    /// The architecture as opledger read it: every layer's kind, window, mixer and FFN.
+    arch: &'a opledger_core::arch::ArchInfo,
     census: &'a Census,
     nodes: Vec<NodeWithBand<'a>>,
 }
@@ -90,6 +92,7 @@ pub fn run(args: GraphArgs) -> Result<ExitCode> {
         let c = census(&graph, &assignments, arch, true);
         let export = GraphExport {
             schema_version: c.schema_version,
+            arch,
             census: &c,
             nodes: graph
                 .iter()
