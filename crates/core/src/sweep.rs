@@ -763,19 +763,20 @@ pub fn summarise_sweep(
             } else {
                 None
             };
+            let layers_word = if layers == 1 { "layer" } else { "layers" };
             let text = match (&fit, kind) {
                 (None, _) => {
                     format!("{name}, {layers} layers: fewer than 2 depths from {from} on, no fit")
                 }
                 (Some(f), LayerKind::SlidingWindow) => format!(
-                    "{name}, {layers} layers: {} past the window ({:+.3e} ms/token per token of \
+                    "{name}, {layers} {layers_word}: {} past the window ({:+.3e} ms/token per token of \
                      depth from depth {from}, change {:.1} % of its mean)",
                     if f.flat { "flat" } else { "still growing" },
                     f.fit.b,
                     f.change * 100.0
                 ),
                 (Some(f), _) => format!(
-                    "{name}, {layers} layers: {} ({:+.3e} ms/token per token of depth, R² {:.3})",
+                    "{name}, {layers} {layers_word}: {} ({:+.3e} ms/token per token of depth, R² {:.3})",
                     if f.flat { "flat" } else { "grows" },
                     f.fit.b,
                     f.fit.r2

@@ -35,8 +35,10 @@ pub fn sweep_text(m: &Manifest, s: &SweepSummary) -> String {
         s.chunks,
         s.cycles
     );
+    let kind_names = kind_columns(s);
     let mut header: Vec<&str> = vec!["depth", "tok/s", "FUSED ms", "agreement"];
     header.extend(s.bands.iter().map(|b| b.as_str()));
+    header.extend(kind_names.iter().map(String::as_str));
     let mut align = vec![Align::Right; header.len()];
     align[0] = Align::Right;
     let rows: Vec<Vec<String>> = s
@@ -50,6 +52,7 @@ pub fn sweep_text(m: &Manifest, s: &SweepSummary) -> String {
                 format!("{:+.1} %", d.agreement * 100.0),
             ];
             r.extend(d.ms_per_token.iter().map(|v| format!("{v:.4}")));
+            r.extend(d.attention_by_kind.iter().map(|v| format!("{v:.4}")));
             r
         })
         .collect();
@@ -92,6 +95,12 @@ pub fn sweep_text(m: &Manifest, s: &SweepSummary) -> String {
             &fit_rows
         )
     );
+    if !s.attention_kinds.is_empty() {
+        let _ = writeln!(out, "attention by layer kind:");
+        for k in &s.attention_kinds {
+            let _ = writeln!(out, "  {}", k.text);
+        }
+    }
     if let Some(x) = &s.crossover {
         let _ = writeln!(out, "crossover: {}", x.text);
     }
@@ -120,6 +129,14 @@ pub fn sweep_text(m: &Manifest, s: &SweepSummary) -> String {
     out
 }
 
+/// Column names of the attention band split by layer kind: `attention:sliding_window`.
+fn kind_columns(s: &SweepSummary) -> Vec<String> {
+    s.attention_kinds
+        .iter()
+        .map(|k| format!("attention:{}", k.kind.as_str()))
+        .collect()
+}
+
 /// One row per depth.
 pub fn sweep_csv(s: &SweepSummary) -> Result<String, csv::Error> {
     let mut w = csv::Writer::from_writer(Vec::new());
@@ -134,6 +151,7 @@ pub fn sweep_csv(s: &SweepSummary) -> Result<String, csv::Error> {
         "coverage".into(),
     ];
     header.extend(s.bands.iter().map(|b| format!("{b}_ms_per_token")));
+    header.extend(kind_columns(s).iter().map(|k| format!("{k}_ms_per_token")));
     w.write_record(&header)?;
     for d in &s.depths {
         let mut r = vec![
@@ -147,6 +165,7 @@ pub fn sweep_csv(s: &SweepSummary) -> Result<String, csv::Error> {
             format!("{:.6}", d.coverage),
         ];
         r.extend(d.ms_per_token.iter().map(|v| format!("{v:.6}")));
+        r.extend(d.attention_by_kind.iter().map(|v| format!("{v:.6}")));
         w.write_record(&r)?;
     }
     let bytes = w.into_inner().map_err(|e| e.into_error())?;
@@ -231,6 +250,37 @@ pub fn sweep_svg(title: &str, s: &SweepSummary) -> Result<String, String> {
                     .map_err(|e| e.to_string())?;
             }
         }
+        // the attention band by layer kind: dotted, in the attention colour, lighter for the
+        // sliding-window layers
+        for (k, series) in s.attention_kinds.iter().enumerate() {
+            let base = band_rgb("attention");
+            let colour = if series.kind == opledger_core::arch::LayerKind::SlidingWindow {
+                base.mix(0.45)
+            } else {
+                base.mix(0.8)
+            };
+            let points: Vec<(f64, f64)> = s
+                .depths
+                .iter()
+                .map(|d| (d.depth as f64, d.attention_by_kind[k]))
+                .collect();
+            let label = match series.window {
+                Some(w) => format!("attention, {} (window {w})", series.kind.as_str()),
+                None => format!("attention, {}", series.kind.as_str()),
+            };
+            chart
+                .draw_series(DashedLineSeries::new(
+                    points,
+                    2,
+                    3,
+                    colour.stroke_width(2),
+                ))
+                .map_err(|e| e.to_string())?
+                .label(label)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2))
+                });
+        }
         if let Some(x) = s.crossover.as_ref().filter(|x| x.status == "within") {
             if let Some(at) = x.depth {
                 let red = RGBColor(0xc0, 0x00, 0x00);
@@ -308,6 +358,9 @@ pub fn sweep_markdown(m: &Manifest, s: &SweepSummary) -> String {
             &fit_rows
         )
     );
+    for k in &s.attention_kinds {
+        let _ = writeln!(out, "- {}", k.text);
+    }
     if let Some(x) = &s.crossover {
         let _ = writeln!(out, "- crossover: {}", x.text);
     }
