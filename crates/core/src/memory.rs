@@ -148,4 +148,19 @@ mod tests {
         assert!(err.to_string().contains("is available"), "{err}");
         assert!(check(e, e.total_bytes).is_ok());
     }
+
+    #[test]
+    fn sliding_window_layers_keep_the_window_and_one_chunk() {
+        // Gemma 3 270M's shape: 15 sliding layers (window 512), 3 full, 1 KV head of 256
+        let mut md = crate::arch::tests::dense_md("gemma3", 18);
+        md.u.insert("gemma3.attention.sliding_window".into(), 512);
+        md.u.insert("gemma3.attention.key_length".into(), 256);
+        md.u.insert("gemma3.attention.value_length".into(), 256);
+        let arch = ArchInfo::from_metadata(&md).unwrap();
+        let e = estimate(&arch, 0, 16896, 512, 1, false);
+        // a row is 1 KV head x (256 + 256) x 2 bytes = 1024 bytes; full layers hold 16896
+        // tokens, sliding ones 512 + 512
+        assert_eq!(e.kv_cache_bytes, (3 * 16896 + 15 * 1024) * 1024);
+        assert_eq!(e.recurrent_state_bytes, 0);
+    }
 }
