@@ -172,7 +172,11 @@ pub(crate) fn contents_line(
 pub fn profile_text(m: &Manifest, s: &ProfileSummary) -> String {
     let (title, work) = heading(m, s);
     let mut out = String::new();
-    let _ = writeln!(out, "{title}\n{work}\n");
+    let _ = writeln!(
+        out,
+        "{title}\n{work}\nlayers: {}\n",
+        m.model.arch.layer_summary()
+    );
     let _ = writeln!(
         out,
         "{}\n",
