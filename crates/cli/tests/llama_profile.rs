@@ -185,7 +185,7 @@ fn expected_counts(
             b'*' => Mixer::Attention,
             _ => Mixer::None,
         },
-        (None, Some(la)) if (il + 1) % la.full_attention_interval != 0 => Mixer::DeltaNet,
+        (None, Some(la)) if !(il + 1).is_multiple_of(la.full_attention_interval) => Mixer::DeltaNet,
         _ => Mixer::Attention,
     };
     // an FFN on every layer, but Nemotron-H's FFN-only layers carry the only FFNs there

@@ -7,7 +7,7 @@ use opledger_core::arch::{ArchInfo, FfnKind, LayerInfo, LayerKind, LayerWeights,
 use opledger_core::band::{BandRules, Categoriser};
 use opledger_core::engine::{Mode, Work};
 use opledger_core::node::{is_view_op, layer_of, NodeInfo, TensorDesc};
-use opledger_core::sweep::{summarise_sweep, ChunkRecord, SweepConfig, SweepIndex};
+use opledger_core::sweep::{summarise_sweep, ChunkRecord, Phase, SweepConfig, SweepIndex};
 use opledger_core::tokens::splitmix64;
 
 /// (op, name, weight token) of one layer of each kind, roughly llama.cpp's qwen35moe.
@@ -142,6 +142,7 @@ fn bench(c: &mut Criterion) {
         },
         chunks: 80,
         cycles: 3,
+        decode: None,
     };
     let mut records = Vec::new();
     for cycle in 0..cfg.cycles {
@@ -150,7 +151,10 @@ fn bench(c: &mut Criterion) {
                 cycle,
                 mode: Mode::Fused,
                 chunk,
+                phase: Phase::Prefill,
                 wall_ms: 3000.0,
+                output_hash: 1,
+                isolation_us: 0.0,
                 node_us: Vec::new(),
             });
             let node_us = (0..g.len())
@@ -162,7 +166,10 @@ fn bench(c: &mut Criterion) {
                 cycle,
                 mode: Mode::Timed,
                 chunk,
+                phase: Phase::Prefill,
                 wall_ms: 3100.0,
+                output_hash: 1,
+                isolation_us: 0.0,
                 node_us,
             });
         }

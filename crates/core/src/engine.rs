@@ -180,17 +180,25 @@ pub trait Engine {
     }
 
     /// Sets up a cumulative depth sweep of `chunks` chunks of `work.chunk_tokens` (chunk c is
-    /// decoded at depth c x chunk). Afterwards [`Engine::graph`] describes chunk 0 at depth 0.
-    fn prepare_sweep(&mut self, work: &Work, chunks: u32) -> Result<(), EngineError> {
-        let _ = (work, chunks);
+    /// decoded at depth c x chunk), with room for `decode` = (steps, sequences) decode steps on
+    /// forked sequences after every chunk. Afterwards [`Engine::graph`] describes chunk 0 at
+    /// depth 0.
+    fn prepare_sweep(
+        &mut self,
+        work: &Work,
+        chunks: u32,
+        decode: Option<(u32, u32)>,
+    ) -> Result<(), EngineError> {
+        let _ = (work, chunks, decode);
         Err(EngineError::Unsupported {
             what: "depth sweeps".into(),
             why: "this engine has no cumulative passes".into(),
         })
     }
 
-    /// Starts a cumulative pass in `mode`: empties the context, then decodes chunks
-    /// `0..first_chunk` untimed (a resumed pass continues where the stored one stopped).
+    /// Starts a cumulative pass in `mode`: empties that mode's context, then decodes chunks
+    /// `0..first_chunk` untimed (a resumed pass continues where the stored one stopped). Each
+    /// mode has its own context, so the two passes of a sweep run in lockstep.
     fn start_pass(&mut self, mode: Mode, first_chunk: u32) -> Result<(), EngineError> {
         let _ = (mode, first_chunk);
         Err(EngineError::Unsupported {
@@ -200,12 +208,41 @@ pub trait Engine {
     }
 
     /// Decodes the pass's next chunk, `index`, at depth `index x chunk`, timed as in
-    /// [`Engine::run`]. Chunks must come in order.
+    /// [`Engine::run`]. Chunks of one mode must come in order; the two modes keep their own
+    /// contexts (a sweep runs them in lockstep).
     fn pass_chunk(&mut self, mode: Mode, index: u32) -> Result<ChunkTiming, EngineError> {
         let _ = (mode, index);
         Err(EngineError::Unsupported {
             what: "depth sweeps".into(),
             why: "this engine has no cumulative passes".into(),
+        })
+    }
+
+    /// Right after chunk `after_chunk` of the pass in `mode`: `steps` decode steps of one token
+    /// for each of `parallel` sequences forked from the context, timed as one run (TIMED node
+    /// times summed over the steps), then the forks removed, so the pass continues from where
+    /// it was.
+    fn pass_decode(
+        &mut self,
+        mode: Mode,
+        after_chunk: u32,
+        steps: u32,
+        parallel: u32,
+    ) -> Result<ChunkTiming, EngineError> {
+        let _ = (mode, after_chunk, steps, parallel);
+        Err(EngineError::Unsupported {
+            what: "decode steps in a depth sweep".into(),
+            why: "this engine cannot fork a sequence from its context".into(),
+        })
+    }
+
+    /// The graph of one decode step of `parallel` sequences as a sweep's `pass_decode` runs it
+    /// (after [`Engine::prepare_sweep`]; leaves no state behind).
+    fn sweep_decode_graph(&mut self, parallel: u32) -> Result<Vec<NodeInfo>, EngineError> {
+        let _ = parallel;
+        Err(EngineError::Unsupported {
+            what: "decode steps in a depth sweep".into(),
+            why: "this engine cannot fork a sequence from its context".into(),
         })
     }
 }

@@ -320,13 +320,23 @@ impl Context {
     /// Decodes one step of parallel decode: token `tokens[s]` of sequence `s` at position `pos`,
     /// logits requested for every sequence.
     pub fn decode_step(&mut self, tokens: &[i32], pos: u32) -> Result<(), LlamaError> {
+        self.decode_step_from(tokens, pos, 0)
+    }
+
+    /// [`Context::decode_step`] for sequences `first_seq`, `first_seq + 1`, ...
+    pub fn decode_step_from(
+        &mut self,
+        tokens: &[i32],
+        pos: u32,
+        first_seq: i32,
+    ) -> Result<(), LlamaError> {
         let entries: Vec<BatchEntry> = tokens
             .iter()
             .enumerate()
             .map(|(s, &token)| BatchEntry {
                 token,
                 pos: pos as i32,
-                seq: s as i32,
+                seq: first_seq + s as i32,
                 logits: true,
             })
             .collect();
@@ -376,6 +386,22 @@ impl Context {
         // position.
         unsafe {
             sys::llama_memory_seq_cp(sys::llama_get_memory(self.ptr.as_ptr()), src, dst, -1, -1)
+        }
+    }
+
+    /// Removes every cell of sequence `seq` (KV cache and recurrent state).
+    pub fn remove_sequence(&mut self, seq: i32) -> Result<(), LlamaError> {
+        // SAFETY: ptr is a valid context; the memory handle belongs to it; -1, -1 means every
+        // position.
+        let ok = unsafe {
+            sys::llama_memory_seq_rm(sys::llama_get_memory(self.ptr.as_ptr()), seq, -1, -1)
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(LlamaError::State(format!(
+                "llama.cpp could not remove sequence {seq}"
+            )))
         }
     }
 

@@ -84,8 +84,11 @@ pub struct LlamaEngine {
     work: Option<Work>,
     chunk: Vec<i32>,
     state: Vec<u8>,
-    /// A sweep's chunk count and the pass in progress (its mode and next chunk).
-    sweep: Option<(u32, Option<(Mode, u32)>)>,
+    /// A sweep in progress.
+    sweep: Option<SweepState>,
+    /// The op sequence of one decode step of a sweep (`sweep_decode_graph`), which TIMED decode
+    /// steps must follow.
+    decode_graph_ops: Option<Vec<u32>>,
     /// The ops of the captured graph, to check that TIMED runs compute the same graph.
     graph_ops: Option<Vec<u32>>,
     load_ms: f64,
@@ -119,6 +122,7 @@ impl LlamaEngine {
             chunk: Vec::new(),
             state: Vec::new(),
             sweep: None,
+            decode_graph_ops: None,
             graph_ops: None,
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
             last_mode: None,
@@ -758,12 +762,22 @@ impl Engine for LlamaEngine {
         )))
     }
 
-    fn prepare_sweep(&mut self, work: &Work, chunks: u32) -> Result<(), EngineError> {
+    fn prepare_sweep(
+        &mut self,
+        work: &Work,
+        chunks: u32,
+        decode: Option<(u32, u32)>,
+    ) -> Result<(), EngineError> {
         if chunks == 0 {
             return Err(EngineError::Failed("a sweep of no chunks".into()));
         }
-        let needed = chunks as u64 * work.chunk_tokens as u64;
-        self.create_contexts(needed, work.chunk_tokens, 1)?;
+        // decode steps run on forked sequences 1..=P sharing sequence 0's cells (one unified
+        // KV buffer), each needing room for its steps
+        let (steps, parallel) = decode.unwrap_or((0, 0));
+        let needed = chunks as u64 * work.chunk_tokens as u64
+            + steps as u64 * parallel as u64
+            + u64::from(decode.is_some());
+        self.create_contexts(needed, work.chunk_tokens, 1 + parallel)?;
         let first = Work {
             depth_tokens: 0,
             ..work.clone()
@@ -771,17 +785,21 @@ impl Engine for LlamaEngine {
         self.chunk = self.sweep_tokens(&first, 0)?.0;
         self.state = Vec::new();
         self.work = Some(first);
-        self.sweep = Some((chunks, None));
+        self.sweep = Some(SweepState {
+            chunks,
+            next: [None, None],
+            decode,
+        });
         Ok(())
     }
 
     fn start_pass(&mut self, mode: Mode, first_chunk: u32) -> Result<(), EngineError> {
-        let Some((chunks, _)) = self.sweep else {
+        let Some(chunks) = self.sweep.as_ref().map(|s| s.chunks) else {
             return Err(EngineError::Failed(
                 "start_pass() before prepare_sweep()".into(),
             ));
         };
-        if first_chunk >= chunks {
+        if first_chunk > chunks {
             return Err(EngineError::Failed(format!(
                 "a pass starting at chunk {first_chunk} of {chunks}"
             )));
@@ -804,13 +822,16 @@ impl Engine for LlamaEngine {
         if !fill.is_empty() {
             ctx.decode(&fill, 0, false)?;
         }
-        self.sweep = Some((chunks, Some((mode, first_chunk))));
+        self.pool.pause();
+        if let Some(s) = self.sweep.as_mut() {
+            s.next[sweep_slot(mode)] = Some(first_chunk);
+        }
         Ok(())
     }
 
     fn pass_chunk(&mut self, mode: Mode, index: u32) -> Result<ChunkTiming, EngineError> {
-        match self.sweep {
-            Some((chunks, Some((m, next)))) if m == mode && next == index && index < chunks => {}
+        match &self.sweep {
+            Some(s) if s.next[sweep_slot(mode)] == Some(index) && index < s.chunks => {}
             other => {
                 return Err(EngineError::Failed(format!(
                     "pass_chunk({}, {index}) out of order (sweep state {other:?})",
@@ -826,11 +847,165 @@ impl Engine for LlamaEngine {
         let timed = self.decode_timed(mode, &tokens, pos0, work.all_logits);
         self.pool.pause();
         let (wall_ms, hash) = timed?;
-        if let Some((_, Some((_, next)))) = &mut self.sweep {
-            *next = index + 1;
+        if let Some(s) = self.sweep.as_mut() {
+            s.next[sweep_slot(mode)] = Some(index + 1);
         }
         self.timing(mode, wall_ms, hash)
     }
+
+    fn sweep_decode_graph(&mut self, parallel: u32) -> Result<Vec<NodeInfo>, EngineError> {
+        let work = self.work.clone().ok_or_else(|| {
+            EngineError::Failed("sweep_decode_graph() before prepare_sweep()".into())
+        })?;
+        if self.sweep.as_ref().and_then(|s| s.decode).is_none() {
+            return Err(EngineError::Failed(
+                "sweep_decode_graph() on a sweep prepared without decode steps".into(),
+            ));
+        }
+        let vocab = self.model.n_vocab();
+        let (chunk, pos0) = self.sweep_tokens(&work, 0)?;
+        let tokens = sweep_step_tokens(&work, pos0 + work.chunk_tokens, parallel, vocab);
+        let captured = (|| {
+            let ctx = self.context(Mode::FusedObserved)?;
+            ctx.clear_memory();
+            ctx.set_observe_mode(ObserveMode::Count)?;
+            ctx.decode(&chunk, pos0, false)?;
+            for s in 1..=parallel as i32 {
+                ctx.copy_sequence(0, s);
+            }
+            ctx.set_observe_mode(ObserveMode::Capture)?;
+            ctx.decode_step_from(&tokens, pos0 + work.chunk_tokens, 1)?;
+            let obs = ctx.observer_mut()?;
+            let out = (
+                std::mem::take(&mut obs.captured),
+                std::mem::take(&mut obs.ops),
+            );
+            ctx.clear_memory();
+            Ok::<_, EngineError>(out)
+        })();
+        self.pool.pause();
+        let (nodes, ops) = captured?;
+        self.decode_graph_ops = Some(ops);
+        // the passes start from an empty context again
+        if let Some(s) = self.sweep.as_mut() {
+            s.next = [None, None];
+        }
+        Ok(nodes)
+    }
+
+    fn pass_decode(
+        &mut self,
+        mode: Mode,
+        after_chunk: u32,
+        steps: u32,
+        parallel: u32,
+    ) -> Result<ChunkTiming, EngineError> {
+        match &self.sweep {
+            Some(s)
+                if s.next[sweep_slot(mode)] == Some(after_chunk + 1)
+                    && s.decode == Some((steps, parallel)) => {}
+            other => {
+                return Err(EngineError::Failed(format!(
+                    "pass_decode({}, {after_chunk}) out of order (sweep state {other:?})",
+                    mode.label()
+                )))
+            }
+        }
+        if mode != Mode::Fused && self.decode_graph_ops.is_none() {
+            return Err(EngineError::Failed(
+                "pass_decode() before sweep_decode_graph()".into(),
+            ));
+        }
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("no work".into()))?;
+        let vocab = self.model.n_vocab();
+        let depth = (after_chunk + 1) * work.chunk_tokens;
+        // the forks share sequence 0's cells (unified KV) and copy its recurrent state
+        {
+            let ctx = self.context(mode)?;
+            for s in 1..=parallel as i32 {
+                ctx.copy_sequence(0, s);
+            }
+        }
+        // TIMED steps follow the decode step's graph, not the prefill chunk's
+        let prefill_ops = std::mem::replace(&mut self.graph_ops, self.decode_graph_ops.clone());
+        let result = (|| {
+            let mut total = ChunkTiming {
+                wall_ms: 0.0,
+                node_us: Vec::new(),
+                nodes_seen: 0,
+                output_hash: 0,
+            };
+            for step in 0..steps {
+                let tokens = sweep_step_tokens(&work, depth + step, parallel, vocab);
+                let ctx = self.context(mode)?;
+                if mode != Mode::Fused {
+                    ctx.set_observe_mode(observe_mode(mode))?;
+                }
+                let t0 = Instant::now();
+                ctx.decode_step_from(&tokens, depth + step, 1)?;
+                let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+                let mut hash = 0u64;
+                for s in 0..tokens.len() as i32 {
+                    hash = hash.rotate_left(7) ^ hash_f32(&ctx.logits(s)?);
+                }
+                let t = self.timing(mode, wall_ms, hash)?;
+                total.wall_ms += t.wall_ms;
+                total.output_hash = total.output_hash.rotate_left(3) ^ t.output_hash;
+                total.nodes_seen = t.nodes_seen;
+                if total.node_us.is_empty() {
+                    total.node_us = t.node_us;
+                } else {
+                    for (acc, v) in total.node_us.iter_mut().zip(&t.node_us) {
+                        *acc += v;
+                    }
+                }
+            }
+            Ok::<_, EngineError>(total)
+        })();
+        self.graph_ops = prefill_ops;
+        self.pool.pause();
+        // the pass continues from sequence 0 as it was
+        let ctx = self.context(mode)?;
+        for s in 1..=parallel as i32 {
+            ctx.remove_sequence(s)?;
+        }
+        result
+    }
+}
+
+/// A depth sweep in progress: its chunk count, each mode's next chunk (the two modes run in
+/// lockstep, each in its own context) and the decode steps after every chunk.
+#[derive(Debug, Clone)]
+struct SweepState {
+    chunks: u32,
+    next: [Option<u32>; 2],
+    decode: Option<(u32, u32)>,
+}
+
+fn sweep_slot(mode: Mode) -> usize {
+    if mode == Mode::Fused {
+        0
+    } else {
+        1
+    }
+}
+
+/// The tokens of one sweep decode step at position `pos`: one per forked sequence, each
+/// sequence its own stream.
+fn sweep_step_tokens(work: &Work, pos: u32, parallel: u32, vocab: u32) -> Vec<i32> {
+    (0..parallel.max(1))
+        .map(|s| {
+            filler_tokens(
+                work.token_seed ^ (s as u64 + 1).wrapping_mul(0x9E37_79B9),
+                pos,
+                1,
+                vocab,
+            )[0]
+        })
+        .collect()
 }
 
 /// The tokens of decode step `step`: one per sequence, each sequence its own stream.

@@ -113,7 +113,7 @@ pub fn sweep_text(m: &Manifest, s: &SweepSummary) -> String {
     if let Some(c) = &s.cost {
         let _ = writeln!(
             out,
-            "cost: {:.1} s a cycle (FUSED + TIMED pass) against {:.1} s for one plain cumulative prefill: {:.2}x",
+            "cost: {:.1} s a cycle (both modes at every depth) against {:.1} s for one plain cumulative prefill: {:.2}x",
             c.cycle_s, c.plain_prefill_s, c.ratio
         );
     }
@@ -269,12 +269,7 @@ pub fn sweep_svg(title: &str, s: &SweepSummary) -> Result<String, String> {
                 None => format!("attention, {}", series.kind.as_str()),
             };
             chart
-                .draw_series(DashedLineSeries::new(
-                    points,
-                    2,
-                    3,
-                    colour.stroke_width(2),
-                ))
+                .draw_series(DashedLineSeries::new(points, 2, 3, colour.stroke_width(2)))
                 .map_err(|e| e.to_string())?
                 .label(label)
                 .legend(move |(x, y)| {

@@ -8,7 +8,8 @@ use opledger_core::manifest::Manifest;
 use opledger_core::node::NodeInfo;
 use opledger_core::profile::{self, ProfileRaw, ProfileSummary, SummaryError};
 use opledger_core::sweep::{
-    summarise_sweep, ChunkRecord, PassLog, SweepConfig, SweepError, SweepIndex, SweepSummary,
+    summarise_sweep_with_decode, ChunkRecord, PassLog, SweepConfig, SweepError, SweepIndex,
+    SweepSummary,
 };
 use opledger_core::waste::{self, NodeNeed, WasteError, WasteSummary};
 
@@ -54,18 +55,29 @@ pub struct SweepView<'a> {
 }
 
 impl<'a> SweepView<'a> {
+    /// `decode_graph`: the graph of one decode step, where the sweep measured decode steps.
     pub fn new(
         manifest: &'a Manifest,
         cfg: &SweepConfig,
         graph: &'a [NodeInfo],
+        decode_graph: Option<&[NodeInfo]>,
         records: &[ChunkRecord],
         passes: &[PassLog],
     ) -> Result<Self, SweepError> {
         let rules = &manifest.band_rules;
-        let assignments =
-            opledger_core::band::Categoriser::new(rules, &manifest.model.arch).categorise(graph);
-        let index = SweepIndex::new(graph, &assignments, rules, &manifest.model.arch);
-        let summary = summarise_sweep(cfg, rules, graph, &index, records, passes)?;
+        let arch = &manifest.model.arch;
+        let cat = opledger_core::band::Categoriser::new(rules, arch);
+        let index = SweepIndex::new(graph, &cat.categorise(graph), rules, arch);
+        let decode = decode_graph.map(|g| (g, SweepIndex::new(g, &cat.categorise(g), rules, arch)));
+        let summary = summarise_sweep_with_decode(
+            cfg,
+            rules,
+            graph,
+            &index,
+            decode.as_ref().map(|(g, i)| (*g, i)),
+            records,
+            passes,
+        )?;
         Ok(SweepView {
             manifest,
             graph,

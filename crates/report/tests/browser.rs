@@ -180,7 +180,7 @@ fn html_reports_render_in_chromium_without_console_errors() {
     let (mw, rw) = (fixture::manifest("waste"), fixture::profile_raw());
     let views = [
         RunView::Profile(ProfileView::new(&mp, &rp).unwrap()),
-        RunView::Sweep(SweepView::new(&ms, &cfg, &graph, &records, &passes).unwrap()),
+        RunView::Sweep(SweepView::new(&ms, &cfg, &graph, None, &records, &passes).unwrap()),
         RunView::Ab(AbView {
             manifest: &ma,
             report: &ra,

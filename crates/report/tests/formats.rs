@@ -38,7 +38,10 @@ fn views(d: &Data) -> Vec<RunView<'_>> {
     vec![
         RunView::Profile(ProfileView::new(&d.profile.0, &d.profile.1).unwrap()),
         RunView::Sweep(
-            SweepView::new(&d.sweep.0, &d.sweep.1, &d.sweep.2, &d.sweep.3, &d.sweep.4).unwrap(),
+            SweepView::new(
+                &d.sweep.0, &d.sweep.1, &d.sweep.2, None, &d.sweep.3, &d.sweep.4,
+            )
+            .unwrap(),
         ),
         RunView::Ab(AbView {
             manifest: &d.ab.0,

@@ -90,7 +90,7 @@ enum TracksArg {
 /// What a run folder holds, read from disk; views borrow from it.
 enum Stored {
     Profile(Manifest, ProfileRaw),
-    Sweep(Manifest, SweepConfig, Vec<NodeInfo>),
+    Sweep(Manifest, SweepConfig, Vec<NodeInfo>, Option<Vec<NodeInfo>>),
     Ab(Manifest, AbReport),
     Waste(Manifest, ProfileRaw, Option<String>),
 }
@@ -103,9 +103,14 @@ fn load(dir: &Path) -> Result<Stored> {
             Stored::Profile(m, raw)
         }
         "sweep" => {
-            let cfg = read_json(&dir.join("config.json"))?;
+            let cfg: SweepConfig = read_json(&dir.join("config.json"))?;
             let graph = read_json(&dir.join("graph.json"))?;
-            Stored::Sweep(m, cfg, graph)
+            let decode_graph = if cfg.decode.is_some() {
+                Some(read_json(&dir.join("decode_graph.json"))?)
+            } else {
+                None
+            };
+            Stored::Sweep(m, cfg, graph, decode_graph)
         }
         "ab" => {
             let r = read_json(&dir.join("ab.json"))?;
@@ -138,11 +143,18 @@ pub fn run(args: ReportArgs) -> Result<ExitCode> {
         Stored::Profile(m, raw) => RunView::Profile(
             ProfileView::new(m, raw).with_context(|| format!("summarising {}", dir.display()))?,
         ),
-        Stored::Sweep(m, cfg, graph) => {
+        Stored::Sweep(m, cfg, graph, decode_graph) => {
             sweep_data = load_folder(&dir)?;
             RunView::Sweep(
-                SweepView::new(m, cfg, graph, &sweep_data.0, &sweep_data.1)
-                    .with_context(|| format!("summarising {}", dir.display()))?,
+                SweepView::new(
+                    m,
+                    cfg,
+                    graph,
+                    decode_graph.as_deref(),
+                    &sweep_data.0,
+                    &sweep_data.1,
+                )
+                .with_context(|| format!("summarising {}", dir.display()))?,
             )
         }
         Stored::Ab(m, r) => RunView::Ab(AbView {

@@ -12,7 +12,7 @@ use opledger_core::memory;
 use opledger_core::node::NodeInfo;
 use opledger_core::profile::CheckStatus;
 use opledger_core::run_folder::{read_json, RunFolder};
-use opledger_core::sweep::{load_folder, SweepConfig, SweepSummary};
+use opledger_core::sweep::{load_folder, DecodeSteps, SweepConfig, SweepSummary};
 use opledger_core::system::SystemSnapshot;
 use opledger_report::{Format, RenderOptions, RunView, SweepView};
 
@@ -31,9 +31,16 @@ pub struct SweepArgs {
     /// The deepest probe: chunks at depths 0, chunk, 2 x chunk, ... up to this.
     #[arg(long, required_unless_present = "resume")]
     pub max_depth: Option<u32>,
-    /// Cycles (each: one FUSED and one TIMED pass over every depth).
+    /// Cycles (each: one pass in which every depth is measured FUSED and TIMED back to back).
     #[arg(short = 'r', long, default_value_t = 3)]
     pub cycles: u32,
+    /// Decode steps measured after every chunk (token generation at every depth): this many
+    /// steps of one token per sequence, on sequences forked from the context and removed after.
+    #[arg(short = 'n', long = "decode", default_value_t = 0)]
+    pub decode: u32,
+    /// Sequences decoding together in those steps.
+    #[arg(long, default_value_t = 1)]
+    pub parallel: u32,
     /// Request logits for every token of each chunk.
     #[arg(long)]
     pub all_logits: bool,
@@ -84,8 +91,13 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
             model_args.threads = Some(m.engine.threads);
         }
         let mut engine = super::common::load_llama(&model_args, false)?;
-        engine.prepare_sweep(&cfg.work, cfg.chunks)?;
+        let decode = cfg.decode.map(|d| (d.steps, d.parallel));
+        engine.prepare_sweep(&cfg.work, cfg.chunks, decode)?;
         let graph = engine.graph()?;
+        let decode_graph = match cfg.decode {
+            Some(d) => engine.sweep_decode_graph(d.parallel)?,
+            None => Vec::new(),
+        };
         if args.resume.is_some() {
             let stored: Vec<NodeInfo> = read_json(&folder.path().join("graph.json"))?;
             let ops = |g: &[NodeInfo]| g.iter().map(|n| n.op.clone()).collect::<Vec<_>>();
@@ -97,6 +109,15 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
                     stored.len()
                 );
             }
+            if cfg.decode.is_some() {
+                let stored: Vec<NodeInfo> = read_json(&folder.path().join("decode_graph.json"))?;
+                if ops(&stored) != ops(&decode_graph) {
+                    bail!(
+                        "{}: llama.cpp now builds a different decode step for this model; start a new sweep",
+                        folder.path().display()
+                    );
+                }
+            }
         } else {
             folder.write_json(
                 "manifest.json",
@@ -107,6 +128,9 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
             )?;
             folder.write_json("config.json", &cfg)?;
             folder.write_json("graph.json", &graph)?;
+            if cfg.decode.is_some() {
+                folder.write_json("decode_graph.json", &decode_graph)?;
+            }
         }
         let bar = steps_bar(args.quiet || args.json);
         let mut store = FolderStore::new(folder);
@@ -114,6 +138,7 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
             &mut engine,
             &cfg,
             graph.len(),
+            decode_graph.len(),
             &mut store,
             &mut |done, total, what| {
                 bar.set_length(total);
@@ -155,6 +180,12 @@ fn start(args: &SweepArgs) -> Result<(RunFolder, Manifest, SweepConfig, PathBuf)
     if args.chunk == 0 || args.cycles == 0 {
         bail!("--chunk and --cycles must be at least 1");
     }
+    if args.parallel == 0 {
+        bail!("--parallel takes a sequence count of at least 1");
+    }
+    if args.decode == 0 && args.parallel != 1 {
+        bail!("--parallel applies to the decode steps (-n N)");
+    }
     let max_depth = args.max_depth.unwrap_or(0);
     let cfg = SweepConfig {
         work: Work {
@@ -167,8 +198,13 @@ fn start(args: &SweepArgs) -> Result<(RunFolder, Manifest, SweepConfig, PathBuf)
         },
         chunks: SweepConfig::chunks_for(max_depth, args.chunk),
         cycles: args.cycles,
+        decode: (args.decode > 0).then_some(DecodeSteps {
+            steps: args.decode,
+            parallel: args.parallel,
+        }),
     };
-    let n_ctx = cfg.chunks as u64 * cfg.work.chunk_tokens as u64;
+    let n_ctx = cfg.chunks as u64 * cfg.work.chunk_tokens as u64
+        + args.decode as u64 * args.parallel as u64;
     let need = memory::estimate(
         &file.arch,
         file.gguf.file_size_bytes,
@@ -250,8 +286,20 @@ pub fn render_sweep(
     mut emit: impl FnMut(&str, &[u8]) -> Result<()>,
 ) -> Result<SweepSummary> {
     let graph: Vec<NodeInfo> = read_json(&dir.join("graph.json"))?;
+    let decode_graph: Option<Vec<NodeInfo>> = if cfg.decode.is_some() {
+        Some(read_json(&dir.join("decode_graph.json"))?)
+    } else {
+        None
+    };
     let (records, passes) = load_folder(dir)?;
-    let view = RunView::Sweep(SweepView::new(m, cfg, &graph, &records, &passes)?);
+    let view = RunView::Sweep(SweepView::new(
+        m,
+        cfg,
+        &graph,
+        decode_graph.as_deref(),
+        &records,
+        &passes,
+    )?);
     let opts = RenderOptions::default();
     for format in [Format::Json, Format::Text, Format::Bands, Format::Svg] {
         let name = opledger_report::render::file_name(&view, format)

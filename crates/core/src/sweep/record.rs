@@ -1,0 +1,424 @@
+//! A sweep's measurements as they land: one binary record per measured unit (a prefill chunk, or
+//! the decode steps after it) of one mode and cycle, the pass logs, and the stores that keep them
+//! (a run folder, or memory for tests), so an interrupted sweep resumes where it stopped.
+
+use serde::{Deserialize, Serialize};
+
+use super::SweepError;
+use crate::engine::Mode;
+
+/// What a record measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The prefill chunk `chunk`, decoded at depth `chunk x chunk_tokens`.
+    Prefill,
+    /// The decode steps after chunk `chunk`, at depth `(chunk + 1) x chunk_tokens`.
+    Decode,
+}
+
+impl Phase {
+    fn code(self) -> u32 {
+        match self {
+            Phase::Prefill => 0,
+            Phase::Decode => 1,
+        }
+    }
+}
+
+/// One measured unit of one pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChunkRecord {
+    pub cycle: u32,
+    /// `Fused` or `Timed`.
+    pub mode: Mode,
+    pub chunk: u32,
+    pub phase: Phase,
+    pub wall_ms: f64,
+    /// A hash of the logits the unit computed (0: not recorded, a version-1 file): FUSED and
+    /// TIMED of the same unit start from the same state and must compute the same.
+    pub output_hash: u64,
+    /// The engine's isolation cost, µs per node per step, measured right after a TIMED decode
+    /// unit (0 where not measured).
+    pub isolation_us: f64,
+    /// Per-node µs of a TIMED unit, in graph order (decode: summed over the steps); empty for
+    /// FUSED.
+    pub node_us: Vec<f32>,
+}
+
+const RECORD_MAGIC: &[u8; 4] = b"OPLC";
+/// Version 2 adds the phase, the output hash and the isolation cost.
+const RECORD_VERSION: u32 = 2;
+const V1_HEADER_BYTES: usize = 4 + 4 + 4 + 4 + 4 + 4 + 8;
+pub(super) const RECORD_HEADER_BYTES: usize = 4 + 4 * 6 + 8 + 8 + 8;
+
+fn mode_code(mode: Mode) -> u32 {
+    match mode {
+        Mode::Fused => 0,
+        Mode::FusedObserved => 1,
+        Mode::Timed => 2,
+    }
+}
+
+pub(super) fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Fused => "fused",
+        Mode::FusedObserved => "observed",
+        Mode::Timed => "timed",
+    }
+}
+
+impl ChunkRecord {
+    /// The file a record is stored in: `c000-timed-00012.bin` for a prefill chunk,
+    /// `c000-timed-00012-decode.bin` for the decode steps after it.
+    pub fn file_name(cycle: u32, mode: Mode, chunk: u32, phase: Phase) -> String {
+        match phase {
+            Phase::Prefill => format!("c{cycle:03}-{}-{chunk:05}.bin", mode_name(mode)),
+            Phase::Decode => format!("c{cycle:03}-{}-{chunk:05}-decode.bin", mode_name(mode)),
+        }
+    }
+
+    /// Little-endian binary: magic, version, cycle, mode, chunk, phase, node count, wall (f64),
+    /// output hash (u64), isolation cost (f64), then one f32 of µs per node. About 4 bytes a
+    /// node.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(RECORD_HEADER_BYTES + 4 * self.node_us.len());
+        out.extend_from_slice(RECORD_MAGIC);
+        for v in [
+            RECORD_VERSION,
+            self.cycle,
+            mode_code(self.mode),
+            self.chunk,
+            self.phase.code(),
+            self.node_us.len() as u32,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&self.wall_ms.to_le_bytes());
+        out.extend_from_slice(&self.output_hash.to_le_bytes());
+        out.extend_from_slice(&self.isolation_us.to_le_bytes());
+        for v in &self.node_us {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    /// Decodes a record (version 1 or 2); `what` names it in errors (a file path).
+    pub fn decode(bytes: &[u8], what: &str) -> Result<ChunkRecord, SweepError> {
+        let bad = |why: String| SweepError::BadRecord {
+            what: what.to_string(),
+            why,
+        };
+        if bytes.len() < V1_HEADER_BYTES || &bytes[..4] != RECORD_MAGIC {
+            return Err(bad("not a chunk record".into()));
+        }
+        let u = |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        let f = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes[i..i + 8]);
+            b
+        };
+        let version = u(4);
+        let mode = match u(12) {
+            0 => Mode::Fused,
+            1 => Mode::FusedObserved,
+            2 => Mode::Timed,
+            m => return Err(bad(format!("unknown mode {m}"))),
+        };
+        let (phase, n, header, wall_ms, output_hash, isolation_us) = match version {
+            1 => (
+                Phase::Prefill,
+                u(20) as usize,
+                V1_HEADER_BYTES,
+                f64::from_le_bytes(f(24)),
+                0,
+                0.0,
+            ),
+            2 => {
+                if bytes.len() < RECORD_HEADER_BYTES {
+                    return Err(bad(format!("{} bytes: a truncated header", bytes.len())));
+                }
+                let phase = match u(20) {
+                    0 => Phase::Prefill,
+                    1 => Phase::Decode,
+                    p => return Err(bad(format!("unknown phase {p}"))),
+                };
+                (
+                    phase,
+                    u(24) as usize,
+                    RECORD_HEADER_BYTES,
+                    f64::from_le_bytes(f(28)),
+                    u64::from_le_bytes(f(36)),
+                    f64::from_le_bytes(f(44)),
+                )
+            }
+            v => {
+                return Err(bad(format!(
+                    "record version {v} (this opledger reads 1 and {RECORD_VERSION})"
+                )))
+            }
+        };
+        let expected = header as u64 + 4 * n as u64;
+        if bytes.len() as u64 != expected {
+            return Err(bad(format!(
+                "{} bytes for {n} nodes (expected {expected})",
+                bytes.len()
+            )));
+        }
+        let node_us = bytes[header..]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Ok(ChunkRecord {
+            cycle: u(8),
+            mode,
+            chunk: u(16),
+            phase,
+            wall_ms,
+            output_hash,
+            isolation_us,
+            node_us,
+        })
+    }
+}
+
+/// Wall time one mode spent in one cycle, for the cost of a sweep against a plain prefill.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PassLog {
+    pub cycle: u32,
+    pub mode: Mode,
+    /// The chunk the pass (re)started at: > 0 after a resume.
+    pub first_chunk: u32,
+    /// Untimed refill of the chunks before `first_chunk`.
+    pub fill_ms: f64,
+    /// Everything the mode cost in the cycle: fill, its units, storing.
+    pub total_ms: f64,
+    /// Units measured while other processes used more than the noise gate allows (a cumulative
+    /// pass cannot retake a chunk: they are counted, not rejected).
+    #[serde(default)]
+    pub noisy_chunks: u32,
+}
+
+/// Where records go as they land, and what is already there.
+pub trait ChunkStore {
+    /// Chunks of (cycle, mode, phase) already stored.
+    fn stored(&self, cycle: u32, mode: Mode, phase: Phase) -> Result<Vec<u32>, SweepError>;
+    fn store(&mut self, record: &ChunkRecord) -> Result<(), SweepError>;
+    fn store_pass(&mut self, log: &PassLog) -> Result<(), SweepError>;
+}
+
+/// Records in memory (tests).
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    pub records: Vec<ChunkRecord>,
+    pub passes: Vec<PassLog>,
+}
+
+impl ChunkStore for MemoryStore {
+    fn stored(&self, cycle: u32, mode: Mode, phase: Phase) -> Result<Vec<u32>, SweepError> {
+        Ok(self
+            .records
+            .iter()
+            .filter(|r| r.cycle == cycle && r.mode == mode && r.phase == phase)
+            .map(|r| r.chunk)
+            .collect())
+    }
+
+    fn store(&mut self, record: &ChunkRecord) -> Result<(), SweepError> {
+        if self.records.iter().any(|r| {
+            (r.cycle, r.mode, r.chunk, r.phase)
+                == (record.cycle, record.mode, record.chunk, record.phase)
+        }) {
+            return Err(SweepError::Store(format!(
+                "{} stored twice",
+                ChunkRecord::file_name(record.cycle, record.mode, record.chunk, record.phase)
+            )));
+        }
+        self.records.push(record.clone());
+        Ok(())
+    }
+
+    fn store_pass(&mut self, log: &PassLog) -> Result<(), SweepError> {
+        self.passes.push(log.clone());
+        Ok(())
+    }
+}
+
+/// Records in a run folder: `chunks/*.bin` and `passes/*.json`, each written once.
+pub struct FolderStore {
+    folder: crate::run_folder::RunFolder,
+}
+
+impl FolderStore {
+    pub fn new(folder: crate::run_folder::RunFolder) -> FolderStore {
+        FolderStore { folder }
+    }
+
+    pub fn folder(&self) -> &crate::run_folder::RunFolder {
+        &self.folder
+    }
+
+    pub fn into_folder(self) -> crate::run_folder::RunFolder {
+        self.folder
+    }
+}
+
+fn store_err(e: impl std::fmt::Display) -> SweepError {
+    SweepError::Store(e.to_string())
+}
+
+impl ChunkStore for FolderStore {
+    fn stored(&self, cycle: u32, mode: Mode, phase: Phase) -> Result<Vec<u32>, SweepError> {
+        let dir = self.folder.path().join("chunks");
+        if !dir.is_dir() {
+            return Ok(Vec::new());
+        }
+        let prefix = format!("c{cycle:03}-{}-", mode_name(mode));
+        let suffix = match phase {
+            Phase::Prefill => ".bin",
+            Phase::Decode => "-decode.bin",
+        };
+        let mut out = Vec::new();
+        for entry in
+            std::fs::read_dir(&dir).map_err(|e| store_err(format!("{}: {e}", dir.display())))?
+        {
+            let name = entry.map_err(store_err)?.file_name();
+            let name = name.to_string_lossy();
+            let Some(n) = name
+                .strip_prefix(&prefix)
+                .and_then(|r| r.strip_suffix(suffix))
+            else {
+                continue;
+            };
+            // a prefill name's number is digits only; a decode name ends in -decode
+            if !n.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            out.push(
+                n.parse()
+                    .map_err(|_| store_err(format!("{}: unexpected file {name}", dir.display())))?,
+            );
+        }
+        Ok(out)
+    }
+
+    fn store(&mut self, record: &ChunkRecord) -> Result<(), SweepError> {
+        let name = format!(
+            "chunks/{}",
+            ChunkRecord::file_name(record.cycle, record.mode, record.chunk, record.phase)
+        );
+        self.folder
+            .write(&name, &record.encode())
+            .map_err(store_err)?;
+        Ok(())
+    }
+
+    fn store_pass(&mut self, log: &PassLog) -> Result<(), SweepError> {
+        let name = format!(
+            "passes/c{:03}-{}-from{:05}.json",
+            log.cycle,
+            mode_name(log.mode),
+            log.first_chunk
+        );
+        self.folder.write_json(&name, log).map_err(store_err)?;
+        Ok(())
+    }
+}
+
+/// Reads every chunk record and pass log of a run folder.
+pub fn load_folder(dir: &std::path::Path) -> Result<(Vec<ChunkRecord>, Vec<PassLog>), SweepError> {
+    let mut records = Vec::new();
+    let chunks = dir.join("chunks");
+    if chunks.is_dir() {
+        let mut names: Vec<std::path::PathBuf> = std::fs::read_dir(&chunks)
+            .map_err(|e| store_err(format!("{}: {e}", chunks.display())))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+            .collect();
+        names.sort();
+        for p in names {
+            let bytes =
+                std::fs::read(&p).map_err(|e| store_err(format!("{}: {e}", p.display())))?;
+            records.push(ChunkRecord::decode(&bytes, &p.display().to_string())?);
+        }
+    }
+    let mut passes = Vec::new();
+    let pdir = dir.join("passes");
+    if pdir.is_dir() {
+        let mut names: Vec<std::path::PathBuf> = std::fs::read_dir(&pdir)
+            .map_err(|e| store_err(format!("{}: {e}", pdir.display())))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        names.sort();
+        for p in names {
+            passes.push(crate::run_folder::read_json(&p).map_err(store_err)?);
+        }
+    }
+    Ok((records, passes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(phase: Phase) -> ChunkRecord {
+        ChunkRecord {
+            cycle: 2,
+            mode: Mode::Timed,
+            chunk: 17,
+            phase,
+            wall_ms: 123.25,
+            output_hash: 0xdead_beef_0123_4567,
+            isolation_us: 0.75,
+            node_us: vec![1.5, 0.0, 1e6],
+        }
+    }
+
+    #[test]
+    fn record_round_trip_and_errors() {
+        for phase in [Phase::Prefill, Phase::Decode] {
+            let r = record(phase);
+            let bytes = r.encode();
+            assert_eq!(bytes.len(), RECORD_HEADER_BYTES + 12);
+            assert_eq!(ChunkRecord::decode(&bytes, "x").unwrap(), r);
+        }
+        let bytes = record(Phase::Prefill).encode();
+        let err = ChunkRecord::decode(&bytes[..bytes.len() - 1], "c.bin").unwrap_err();
+        assert!(err.to_string().starts_with("c.bin: "), "{err}");
+        assert!(ChunkRecord::decode(b"nope", "x").is_err());
+        let mut wrong = bytes.clone();
+        wrong[4] = 9;
+        assert!(ChunkRecord::decode(&wrong, "x")
+            .unwrap_err()
+            .to_string()
+            .contains("record version 9"));
+    }
+
+    #[test]
+    fn version_one_records_still_read_as_prefill_chunks() {
+        // magic, version 1, cycle 1, mode fused (0), chunk 3, 0 nodes, wall 42.5
+        let mut v1 = b"OPLC".to_vec();
+        for v in [1u32, 1, 0, 3, 0] {
+            v1.extend_from_slice(&v.to_le_bytes());
+        }
+        v1.extend_from_slice(&42.5f64.to_le_bytes());
+        let r = ChunkRecord::decode(&v1, "old.bin").unwrap();
+        assert_eq!(
+            (r.cycle, r.mode, r.chunk, r.phase, r.wall_ms, r.output_hash),
+            (1, Mode::Fused, 3, Phase::Prefill, 42.5, 0)
+        );
+    }
+
+    #[test]
+    fn file_names_keep_prefill_and_decode_apart() {
+        assert_eq!(
+            ChunkRecord::file_name(0, Mode::Timed, 12, Phase::Prefill),
+            "c000-timed-00012.bin"
+        );
+        assert_eq!(
+            ChunkRecord::file_name(0, Mode::Timed, 12, Phase::Decode),
+            "c000-timed-00012-decode.bin"
+        );
+    }
+}
