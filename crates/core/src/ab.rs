@@ -442,9 +442,7 @@ pub fn run_ab(
         let keep: Vec<bool> = rules
             .bands
             .iter()
-            .map(|x| {
-                in_a.iter().chain(&in_b).any(|y| y.band == x.name)
-            })
+            .map(|x| in_a.iter().chain(&in_b).any(|y| y.band == x.name))
             .collect();
         let pick = |v: &[f64]| -> Vec<f64> {
             v.iter()

@@ -180,7 +180,9 @@ pub fn run(args: OpsArgs) -> Result<ExitCode> {
             .iter()
             .map(|b| (b.band.clone(), b.ms_per_token))
             .collect();
-        let moe = rules.ffn_band_for(&file.arch).filter(|_| file.arch.is_moe());
+        let moe = rules
+            .ffn_band_for(&file.arch)
+            .filter(|_| file.arch.is_moe());
         let ops = summarise_ops(
             &bands,
             &in_graph,
