@@ -93,7 +93,7 @@ pub fn loadable_archs() -> impl Iterator<Item = &'static str> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::{BTreeMap, BTreeSet};
     use std::path::{Path, PathBuf};
 
@@ -102,7 +102,7 @@ mod tests {
     /// The llama.cpp source of the pinned llama-cpp-sys-2 in cargo's registry (where the build
     /// unpacked it). Panics, failing the test, when it cannot be found: these tests compare with
     /// the source and never pass without reading it.
-    fn vendored_llama_cpp() -> PathBuf {
+    pub(crate) fn vendored_llama_cpp() -> PathBuf {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
         let text = std::fs::read_to_string(&manifest)
             .unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
@@ -145,14 +145,14 @@ mod tests {
         })
     }
 
-    fn read(root: &Path, file: &str) -> String {
+    pub(crate) fn read(root: &Path, file: &str) -> String {
         let path = root.join(file);
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
 
     /// The text from the line containing `start` to the first line after it that starts with
     /// `end`.
-    fn block<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
+    pub(crate) fn block<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
         let from = text
             .find(start)
             .unwrap_or_else(|| panic!("'{start}' not in the source"));
@@ -165,7 +165,7 @@ mod tests {
 
     /// `LLM_ARCH_NAMES`: enum suffix -> name, in the table's order, parsed line by line as
     /// `{ LLM_ARCH_<ENUM>, "<name>" },`.
-    fn arch_table(arch_cpp: &str) -> Vec<(String, String)> {
+    pub(crate) fn arch_table(arch_cpp: &str) -> Vec<(String, String)> {
         let table = block(arch_cpp, "LLM_ARCH_NAMES = {", "};");
         let mut out = Vec::new();
         for line in table.lines().skip(1) {

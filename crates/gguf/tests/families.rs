@@ -558,3 +558,26 @@ fn architectures_llama_cpp_does_not_load_are_refused_by_name() {
         }
     }
 }
+
+#[test]
+fn hostile_values_in_any_family_are_errors_not_panics() {
+    let mut refused = 0;
+    for arch in HAND_WRITTEN {
+        let keys: Vec<String> = family_meta(arch)
+            .into_iter()
+            .filter(|(_, v)| matches!(v, Value::U32(_) | Value::Array(Array::U32(_))))
+            .map(|(k, _)| k)
+            .collect();
+        for key in &keys {
+            for v in [0, 1, 3, 1 << 16, u32::MAX - 1, u32::MAX] {
+                let bytes = family_file(arch, |m| set(m, key, Value::U32(v)));
+                // Ok or Err, never a panic; an Err names the file.
+                if let Err(e) = gate("hostile", &bytes) {
+                    assert!(e.to_string().starts_with("hostile.gguf: "), "{e}");
+                    refused += 1;
+                }
+            }
+        }
+    }
+    assert!(refused > 100, "only {refused} hostile files refused");
+}

@@ -668,3 +668,72 @@ fn rwkv(keys: &Keys, arch: &str, g: &Generic) -> Result<(), GgufError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::llama_archs::tests::vendored_llama_cpp;
+    use crate::llama_archs::{llama_support, LlamaSupport};
+    use crate::validate::generic::tests::{model_class_by_arch, model_structs};
+
+    /// The text of the file defining `arch`'s `load_arch_hparams` (its class's, else its base
+    /// class's: mistral4 loads as deepseek2).
+    fn loader_of(root: &std::path::Path, arch: &str) -> String {
+        let classes = model_class_by_arch(root);
+        let structs = model_structs(root);
+        let mut class = classes[arch].clone();
+        let dir = root.join("src/models");
+        for _ in 0..4 {
+            let needle = format!("void {class}::load_arch_hparams(");
+            for e in std::fs::read_dir(&dir).unwrap().flatten() {
+                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                if text.contains(&needle) {
+                    return text;
+                }
+            }
+            class = structs[&class].0.clone();
+        }
+        panic!("no load_arch_hparams for {arch}")
+    }
+
+    #[test]
+    fn gating_and_epsilon_lists_are_the_loaders_that_read_the_keys() {
+        let root = vendored_llama_cpp();
+        let key = "LLM_KV_EXPERT_GATING_FUNC";
+        let readers: BTreeSet<String> = crate::llama_archs::loadable_archs()
+            .filter(|a| loader_of(&root, a).contains(key))
+            .map(str::to_string)
+            .collect();
+        // deepseek4 and dflash refuse any gating but 4 with an error of their own.
+        let ours: BTreeSet<String> = GATING_READERS
+            .iter()
+            .chain(&["deepseek4", "dflash"])
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(readers, ours);
+        for arch in GATING_READERS {
+            let text = loader_of(&root, arch);
+            let defaults =
+                text.contains("expert_gating_func == LLAMA_EXPERT_GATING_FUNC_TYPE_NONE");
+            assert_eq!(
+                !defaults,
+                GATING_REQUIRED.contains(&arch),
+                "{arch}: maps 0 to a default: {defaults}"
+            );
+        }
+        let rms = "get_key(LLM_KV_ATTENTION_LAYERNORM_RMS_EPS, hparams.f_norm_rms_eps);";
+        for arch in RMS_EPS_REQUIRED {
+            let text: String = loader_of(&root, arch)
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            assert!(
+                text.contains(rms),
+                "{arch} does not require the rms epsilon"
+            );
+            assert_eq!(llama_support(arch), LlamaSupport::Loads);
+        }
+    }
+}

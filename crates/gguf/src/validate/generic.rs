@@ -738,3 +738,214 @@ fn check_vocab(keys: &Keys, arch: &str, tokenizer: &str) -> Result<(), GgufError
     }
     Ok(())
 }
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+    use crate::llama_archs::tests::{arch_table, block, read, vendored_llama_cpp};
+    use crate::llama_archs::{llama_support, LlamaSupport};
+
+    /// The file and body of each graph constructor `<class>::graph[<..>]::graph(`, by class.
+    pub(crate) fn graph_bodies(root: &std::path::Path) -> BTreeMap<String, String> {
+        let dir = root.join("src/models");
+        let mut out = BTreeMap::new();
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "cpp"))
+            .collect();
+        files.sort();
+        for path in files {
+            let text = std::fs::read_to_string(&path).unwrap();
+            for line in text.lines() {
+                let Some(class) = line.strip_prefix("llama_model_") else {
+                    continue;
+                };
+                let Some((class, rest)) = class.split_once("::graph") else {
+                    continue;
+                };
+                let rest = rest.split_once('>').map_or(rest, |(_, r)| r);
+                if rest.starts_with("::graph(") {
+                    let body = block(&text, line, "}");
+                    out.entry(format!("llama_model_{class}"))
+                        .or_insert_with(|| body.to_string());
+                }
+            }
+        }
+        out
+    }
+
+    /// Architecture name -> the class `llama_model_mapping` creates for it (its `case` /
+    /// `return new` pairs).
+    pub(crate) fn model_class_by_arch(root: &std::path::Path) -> BTreeMap<String, String> {
+        let table: BTreeMap<String, String> = arch_table(&read(root, "src/llama-arch.cpp"))
+            .into_iter()
+            .collect();
+        let model_cpp = read(root, "src/llama-model.cpp");
+        let mapping = block(&model_cpp, "static llama_model * llama_model_mapping(", "}");
+        let mut class_of = BTreeMap::new();
+        let mut pending = Vec::new();
+        for line in mapping.lines().map(str::trim) {
+            if let Some(e) = line.strip_prefix("case LLM_ARCH_") {
+                pending.push(e.trim_end_matches(':').to_string());
+            } else if let Some(c) = line.strip_prefix("return new ") {
+                let class: String = c
+                    .chars()
+                    .take_while(|ch| ch.is_ascii_alphanumeric() || *ch == '_')
+                    .collect();
+                for e in pending.drain(..) {
+                    class_of.insert(table[&e].clone(), class.clone());
+                }
+            }
+        }
+        class_of
+    }
+
+    /// models.h's model classes: class -> (base class, the class whose graph it uses by
+    /// `using graph = X::graph`, whether it declares a graph of its own).
+    pub(crate) fn model_structs(
+        root: &std::path::Path,
+    ) -> BTreeMap<String, (String, Option<String>, bool)> {
+        let header = read(root, "src/models/models.h");
+        let mut structs = BTreeMap::new();
+        for (i, _) in header.match_indices("\nstruct llama_model_") {
+            let decl = &header[i + 1..];
+            let end = decl.find("\n};").unwrap_or(decl.len());
+            let body = &decl[..end];
+            let first = body.lines().next().unwrap();
+            let name = first["struct ".len()..]
+                .split([' ', ':'])
+                .next()
+                .unwrap()
+                .to_string();
+            let base = first
+                .split("public ")
+                .nth(1)
+                .map(|b| b.trim_end_matches('{').trim().to_string())
+                .unwrap_or_default();
+            let alias = body
+                .split("using graph = ")
+                .nth(1)
+                .map(|a| a.split("::graph").next().unwrap().trim().to_string());
+            let own = body.contains("struct graph ") || body.contains("struct graph:");
+            structs.insert(name, (base, alias, own));
+        }
+        structs
+    }
+
+    /// Architecture name -> the class whose graph it builds: its class, then models.h's
+    /// `using graph = X::graph` aliases and base classes without a graph of their own.
+    fn graph_class_by_arch(root: &std::path::Path) -> BTreeMap<String, String> {
+        let structs = model_structs(root);
+        let resolve = |mut c: String| {
+            for _ in 0..8 {
+                match structs.get(&c) {
+                    Some((_, Some(alias), _)) => c = alias.clone(),
+                    Some((base, None, false)) if base != "llama_model_base" => c = base.clone(),
+                    _ => break,
+                }
+            }
+            c
+        };
+        model_class_by_arch(root)
+            .into_iter()
+            .map(|(arch, class)| (arch, resolve(class)))
+            .collect()
+    }
+
+    /// Whether `body` asserts the value head size equal to the key head size (in either
+    /// order), and the head size equal to the rope dims.
+    fn head_asserts(body: &str) -> (bool, bool) {
+        // Lines with their runs of spaces collapsed.
+        let lines: Vec<String> = body
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect();
+        let def = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("const int64_t n_embd_head = hparams."))
+            .map(|d| d.trim_end_matches(';').to_string());
+        let mut value_key = false;
+        let mut rope = false;
+        for l in &lines {
+            let Some(a) = l.strip_prefix("GGML_ASSERT(n_embd_head == ") else {
+                continue;
+            };
+            let a = a.trim_end_matches(';').trim_end_matches(')');
+            match (def.as_deref(), a) {
+                (Some("n_embd_head_v()"), "hparams.n_embd_head_k(")
+                | (Some("n_embd_head_k()"), "hparams.n_embd_head_v(") => value_key = true,
+                (_, "n_rot" | "hparams.n_rot(") => rope = true,
+                _ => {}
+            }
+        }
+        (value_key, rope)
+    }
+
+    #[test]
+    fn head_assert_lists_are_the_graphs_asserts() {
+        let root = vendored_llama_cpp();
+        let bodies = graph_bodies(&root);
+        let class_of = graph_class_by_arch(&root);
+        let (mut value_key, mut rope) = (BTreeSet::new(), BTreeSet::new());
+        for (arch, class) in &class_of {
+            let Some(body) = bodies.get(class) else {
+                continue;
+            };
+            let (v, r) = head_asserts(body);
+            if v {
+                value_key.insert(arch.as_str());
+            }
+            if r {
+                rope.insert(arch.as_str());
+            }
+        }
+        // Asserted outside the constructor: in qwen3next's build_layer_attn
+        // (src/models/qwen3next.cpp:242), qwen4exp's graph as
+        // `hparams.n_embd_head_v() == hparams.n_embd_head_k()` (qwen4exp.cpp:404), and
+        // eagle3's graph<false> specialisation (eagle3.cpp:155).
+        for arch in ["qwen3next", "qwen4exp", "eagle3"] {
+            value_key.insert(arch);
+        }
+        assert_eq!(value_key, VALUE_EQUALS_KEY.into_iter().collect());
+        assert_eq!(rope, ROPE_EQUALS_HEAD.into_iter().collect());
+    }
+
+    #[test]
+    fn sliding_window_archs_are_those_that_load_a_pattern() {
+        let root = vendored_llama_cpp();
+        let class_of = graph_class_by_arch(&root);
+        for (arch, n_pattern, dense_first, _) in SWA_ARCHS {
+            let file = class_of[arch]
+                .trim_start_matches("llama_model_")
+                .replace('_', "-");
+            let file = match arch {
+                "gpt-oss" => "openai-moe".to_string(),
+                _ => file,
+            };
+            let text = read(&root, &format!("src/models/{file}.cpp"));
+            let call = if dense_first {
+                format!("load_swa_pattern(ml, {n_pattern}, ")
+            } else {
+                format!("load_swa_pattern(ml, {n_pattern});")
+            };
+            assert!(text.contains(&call), "{arch}: no '{call}' in {file}.cpp");
+        }
+    }
+
+    #[test]
+    fn every_listed_name_is_an_architecture_llama_cpp_loads() {
+        let lists: [&[&str]; 4] = [
+            &VALUE_EQUALS_KEY,
+            &ROPE_EQUALS_HEAD,
+            &ROPE_CHECKED_AT_LOAD,
+            &SWA_ARCHS.map(|s| s.0),
+        ];
+        for name in lists.into_iter().flatten() {
+            assert_eq!(llama_support(name), LlamaSupport::Loads, "{name}");
+        }
+    }
+}
