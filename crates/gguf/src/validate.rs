@@ -70,12 +70,20 @@ pub fn validate_for_llama(file: &GgufFile) -> Result<ArchCheck, GgufError> {
             )))
         }
         LlamaSupport::Unknown => {
-            let known: Vec<&str> = loadable_archs().collect();
+            // Names that start alike, else a few common ones.
+            let stem: String = arch_name.chars().take(4).collect();
+            let mut alike: Vec<&str> = loadable_archs()
+                .filter(|a| !stem.is_empty() && a.starts_with(stem.as_str()))
+                .collect();
+            if alike.is_empty() {
+                alike = vec!["llama", "qwen3", "gemma3", "phi3", "deepseek2", "gpt-oss"];
+            }
             return Err(refused(format!(
                 "not an architecture the linked llama.cpp (llama-cpp-sys-2 \
-                 {LLAMA_CPP_SYS_VERSION}) knows; it would refuse the file. It loads {}: {}",
-                known.len(),
-                known.join(", ")
+                 {LLAMA_CPP_SYS_VERSION}) knows; it would refuse the file. It loads {} \
+                 architectures (opledger_gguf::llama_archs lists them), e.g. {}",
+                loadable_archs().count(),
+                alike.join(", ")
             )));
         }
     }

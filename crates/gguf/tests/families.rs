@@ -530,6 +530,14 @@ fn architectures_llama_cpp_does_not_load_are_refused_by_name() {
             ][..],
         ),
         (
+            "qwen3.5",
+            &[
+                "knows; it would refuse the file",
+                "qwen3, qwen3moe",
+                "qwen35, qwen35moe",
+            ][..],
+        ),
+        (
             "clip",
             &[
                 "is 'clip': known to the linked llama.cpp, but not a model it loads",
