@@ -179,3 +179,44 @@ fn profile_refuses_unknown_architectures_and_family_aborts_before_llama_cpp() {
          with a sliding window",
     );
 }
+
+#[test]
+fn profile_prints_the_gates_notes_to_stderr_before_measuring() {
+    // A qwen3 model relabelled qwen2: an architecture llama.cpp loads and opledger plans no
+    // tensors for. The gate checks its keys and notes that its tensors were not checked;
+    // llama.cpp then refuses the extra q/k norm tensors itself, with an error, not an abort.
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("qwen2-relabelled.gguf");
+    write_edited(
+        &model,
+        "tiny-qwen3",
+        |m| {
+            for (k, v) in m.iter_mut() {
+                if let Some(rest) = k.strip_prefix("qwen3.") {
+                    *k = format!("qwen2.{rest}");
+                }
+                if k == "general.architecture" {
+                    *v = Value::String("qwen2".into());
+                }
+            }
+        },
+        |_| {},
+    );
+    let out = Command::cargo_bin("opledger")
+        .unwrap()
+        .args(["profile", "-p", "8", "-r", "1", "-q", "--json", "-m"])
+        .arg(&model)
+        .arg("-o")
+        .arg(dir.path().join("run"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stderr.contains("note: the tensors of this qwen2 file were not checked by opledger"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("note:"), "{stdout}");
+    // An exit code, not a signal: whatever happened after the note, nothing aborted.
+    assert!(out.status.code().is_some(), "{:?}\n{stderr}", out.status);
+}
