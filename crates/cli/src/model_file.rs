@@ -13,7 +13,7 @@ use serde::Serialize;
 pub struct ModelFile {
     pub gguf: GgufFile,
     pub arch: ArchInfo,
-    /// What the llama.cpp validator checked (and its notes, e.g. an unknown architecture);
+    /// What the llama.cpp validator checked (and its notes, e.g. tensors it did not check);
     /// `None` for a file opened for another engine.
     pub check: Option<ArchCheck>,
 }

@@ -101,3 +101,122 @@ fn graph_refuses_broken_models_before_llama_cpp() {
     std::fs::write(&truncated, &bytes[..bytes.len() - 100]).unwrap();
     graph_refuses(&truncated, "tensor 'output.weight': data ends at byte");
 }
+
+/// `profile` on a file the linked llama.cpp would refuse or abort on: exit code 2, the file and
+/// the key named, before anything is measured (no run folder is written).
+fn profile_refuses(model: &Path, out: &Path, problem: &str) {
+    let name = model.file_name().unwrap().to_str().unwrap().to_string();
+    Command::cargo_bin("opledger")
+        .unwrap()
+        .args(["profile", "-p", "8", "-r", "1", "-q", "-m"])
+        .arg(model)
+        .arg("-o")
+        .arg(out)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(name).and(predicate::str::contains(problem)));
+    assert!(!out.exists(), "{}: a run folder was written", out.display());
+}
+
+#[test]
+fn profile_refuses_unknown_architectures_and_family_aborts_before_llama_cpp() {
+    let dir = tempfile::tempdir().unwrap();
+
+    // An architecture the linked llama.cpp does not know.
+    let unknown = dir.path().join("unknown-arch.gguf");
+    write_edited(
+        &unknown,
+        "tiny-llama",
+        |m| {
+            for (k, v) in m.iter_mut() {
+                if k == "general.architecture" {
+                    *v = Value::String("llama5".into());
+                }
+            }
+        },
+        |_| {},
+    );
+    profile_refuses(
+        &unknown,
+        &dir.path().join("run-unknown"),
+        "metadata key 'general.architecture' is 'llama5': not an architecture the linked \
+         llama.cpp",
+    );
+
+    // A gemma2 whose sliding-window pattern leaves no layer sliding: llama.cpp would abort
+    // (GGML_ASSERT(hparams.is_swa_any())) creating the context. Its metadata is checked
+    // before any tensor, so one tensor is enough.
+    let gemma2 = dir.path().join("gemma2-no-sliding-layer.gguf");
+    let meta: Vec<(String, Value)> = [
+        ("general.architecture", Value::String("gemma2".into())),
+        ("gemma2.context_length", Value::U32(64)),
+        ("gemma2.embedding_length", Value::U32(8)),
+        ("gemma2.block_count", Value::U32(2)),
+        ("gemma2.feed_forward_length", Value::U32(8)),
+        ("gemma2.attention.head_count", Value::U32(2)),
+        ("gemma2.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+        ("gemma2.attention.sliding_window", Value::U32(16)),
+        ("gemma2.attention.sliding_window_pattern", Value::U32(1)),
+        ("gemma2.vocab_size", Value::U32(4)),
+        ("tokenizer.ggml.model", Value::String("none".into())),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let specs = [TensorSpec::new(
+        "token_embd.weight",
+        &[8, 4],
+        opledger_gguf::GgmlType::F32,
+    )];
+    let mut w = GgufWriter::create(&gemma2, &meta, &specs).unwrap();
+    w.write_tensor("token_embd.weight", &[0u8; 8 * 4 * 4])
+        .unwrap();
+    w.finish().unwrap();
+    profile_refuses(
+        &gemma2,
+        &dir.path().join("run-gemma2"),
+        "metadata key 'gemma2.attention.sliding_window_pattern': 1 leaves none of the 2 layers \
+         with a sliding window",
+    );
+}
+
+#[test]
+fn profile_prints_the_gates_notes_to_stderr_before_measuring() {
+    // A qwen3 model relabelled qwen2: an architecture llama.cpp loads and opledger plans no
+    // tensors for. The gate checks its keys and notes that its tensors were not checked;
+    // llama.cpp then refuses the extra q/k norm tensors itself, with an error, not an abort.
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("qwen2-relabelled.gguf");
+    write_edited(
+        &model,
+        "tiny-qwen3",
+        |m| {
+            for (k, v) in m.iter_mut() {
+                if let Some(rest) = k.strip_prefix("qwen3.") {
+                    *k = format!("qwen2.{rest}");
+                }
+                if k == "general.architecture" {
+                    *v = Value::String("qwen2".into());
+                }
+            }
+        },
+        |_| {},
+    );
+    let out = Command::cargo_bin("opledger")
+        .unwrap()
+        .args(["profile", "-p", "8", "-r", "1", "-q", "--json", "-m"])
+        .arg(&model)
+        .arg("-o")
+        .arg(dir.path().join("run"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stderr.contains("note: the tensors of this qwen2 file were not checked by opledger"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("note:"), "{stdout}");
+    // An exit code, not a signal: whatever happened after the note, nothing aborted.
+    assert!(out.status.code().is_some(), "{:?}\n{stderr}", out.status);
+}

@@ -193,6 +193,13 @@ pub enum GgufError {
         detail: String,
     },
 
+    #[error("{path}: metadata key 'general.architecture' is '{arch}': {reason}")]
+    ArchNotLoadable {
+        path: PathBuf,
+        arch: String,
+        reason: String,
+    },
+
     #[error("{path}: tensor '{name}' is missing; llama.cpp's {arch} requires it")]
     MissingTensor {
         path: PathBuf,
@@ -264,6 +271,7 @@ impl GgufError {
             | MissingKey { path, .. }
             | WrongKeyType { path, .. }
             | BadKeyValue { path, .. }
+            | ArchNotLoadable { path, .. }
             | MissingTensor { path, .. }
             | WrongShape { path, .. }
             | ImpliedShapeOverflow { path, .. }

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod error;
+pub mod llama_archs;
 pub mod reader;
 pub mod synth;
 pub mod types;

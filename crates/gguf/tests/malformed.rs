@@ -397,6 +397,14 @@ fn cases() -> Vec<Case> {
         },
         // --- missing keys ---
         Case {
+            name: "unknown_architecture",
+            bytes: with_meta(&MICRO_LLAMA, |m| {
+                set(m, "general.architecture", Value::String("llama5".into()))
+            }),
+            check: |e| matches!(e, E::ArchNotLoadable { arch, .. } if arch == "llama5"),
+            words: &["'general.architecture' is 'llama5': not an architecture the linked llama.cpp"],
+        },
+        Case {
             name: "missing_architecture",
             bytes: with_meta(&MICRO_LLAMA, |m| remove(m, "general.architecture")),
             check: |e| matches!(e, E::MissingKey { key, .. } if key == "general.architecture"),
@@ -649,7 +657,7 @@ fn micro_models_of_every_arch_pass() {
             .tensors
             .len();
         assert_eq!(check.arch, preset.arch.as_str());
-        assert!(check.arch_checked);
+        assert!(check.tensors_planned);
         assert_eq!(check.tensors_checked, n_tensors, "{}", preset.name);
         assert!(check.notes.is_empty(), "{}: {:?}", preset.name, check.notes);
     }
@@ -718,19 +726,47 @@ fn llama_cpp_alternatives_pass() {
 }
 
 #[test]
-fn unknown_architectures_get_structural_checks_and_a_note() {
-    let b = with_meta(&MICRO_LLAMA, |m| {
-        set(m, "general.architecture", Value::String("gpt2".into()))
+fn archs_without_a_tensor_plan_get_their_keys_checked_and_a_note() {
+    // A qwen3 file relabelled qwen2: an architecture llama.cpp loads, whose tensors opledger
+    // does not plan (qwen2 has no q/k norms; they are not checked).
+    let b = with_meta(&MICRO_QWEN3, |m| {
+        for (k, v) in m.iter_mut() {
+            if let Some(rest) = k.strip_prefix("qwen3.") {
+                *k = format!("qwen2.{rest}");
+            }
+            if k == "general.architecture" {
+                *v = Value::String("qwen2".into());
+            }
+        }
     });
-    let check = gate("gpt2", &b).unwrap();
-    assert!(!check.arch_checked);
-    assert_eq!(check.arch, "gpt2");
+    let check = gate("qwen2", &b).unwrap();
+    assert!(!check.tensors_planned);
+    assert_eq!(check.arch, "qwen2");
+    assert_eq!(check.tensors_checked, 0);
     assert!(
-        check.notes[0].contains("only the file's structure was checked"),
+        check.notes[0].contains("the tensors of this qwen2 file were not checked by opledger"),
         "{:?}",
         check.notes
     );
-    // The structure is still checked.
+    // Its keys are checked: a rope smaller than the head aborts qwen2's graph.
+    let bad = with_meta(&MICRO_QWEN3, |m| {
+        for (k, v) in m.iter_mut() {
+            if let Some(rest) = k.strip_prefix("qwen3.") {
+                *k = format!("qwen2.{rest}");
+            }
+            if k == "general.architecture" {
+                *v = Value::String("qwen2".into());
+            }
+            if k == "qwen2.rope.dimension_count" {
+                *v = Value::U32(2);
+            }
+        }
+    });
+    assert!(matches!(
+        gate("qwen2-rope", &bad),
+        Err(GgufError::BadKeyValue { ref key, .. }) if key == "qwen2.rope.dimension_count"
+    ));
+    // And the structure is still checked.
     let b = patch(b, |b| {
         let (_, _, _, a) = tensor_info_at(b, "blk.0.attn_norm.weight");
         let (_, _, _, f) = tensor_info_at(b, "blk.0.ffn_norm.weight");
@@ -739,7 +775,7 @@ fn unknown_architectures_get_structural_checks_and_a_note() {
         put_u64(b, f, va);
     });
     assert!(matches!(
-        gate("gpt2-unpacked", &b),
+        gate("qwen2-unpacked", &b),
         Err(GgufError::NotPacked { .. })
     ));
 }

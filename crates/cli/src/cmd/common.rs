@@ -58,6 +58,15 @@ impl ModelArgs {
     }
 }
 
+/// Prints what the gate and the architecture reader noted about the model (what they did not
+/// check, how layer kinds were decided), one line each to stderr before a run is measured, so
+/// that no --json output carries them.
+pub fn print_notes(file: &ModelFile) {
+    for note in file.notes() {
+        eprintln!("note: {note}");
+    }
+}
+
 /// The preset of the built-in default model.
 pub const DEFAULT_PRESET: &str = "tiny-qwen35moe";
 

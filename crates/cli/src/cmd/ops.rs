@@ -65,6 +65,7 @@ pub fn run(args: OpsArgs) -> Result<ExitCode> {
         .collect::<Result<_>>()?;
     let model_path = args.model.path()?;
     let file = ModelFile::open(&model_path)?;
+    super::common::print_notes(&file);
     let rules = load_rules(None, &file.arch.arch)?;
     #[cfg(not(feature = "llama"))]
     {

@@ -179,6 +179,7 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
         EngineKind::LlamaCpp => ModelFile::open(&model_path)?,
         EngineKind::Candle => ModelFile::open_structural(&model_path)?,
     };
+    super::common::print_notes(&file);
     let rules = load_rules(args.bands.as_deref(), &file.arch.arch)?;
     let out = super::common::run_path(args.output.as_deref(), "profile", &model_path);
     let cfg = ProfileConfig {

@@ -176,6 +176,7 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
 fn start(args: &SweepArgs) -> Result<(RunFolder, Manifest, SweepConfig, PathBuf)> {
     let model_path = args.model.path()?;
     let file = ModelFile::open(&model_path)?;
+    super::common::print_notes(&file);
     let rules = load_rules(args.bands.as_deref(), &file.arch.arch)?;
     if args.chunk == 0 || args.cycles == 0 {
         bail!("--chunk and --cycles must be at least 1");

@@ -109,6 +109,7 @@ fn from_stored(dir: &Path, bands: Option<&Path>) -> Result<(Manifest, ProfileRaw
 fn measured(args: &WasteArgs, model_path: &Path) -> Result<(Manifest, ProfileRaw)> {
     use opledger_core::engine::Engine;
     let file = crate::model_file::ModelFile::open(model_path)?;
+    super::common::print_notes(&file);
     let rules = load_rules(args.bands.as_deref(), &file.arch.arch)?;
     let cfg = ProfileConfig {
         work: Work {

@@ -105,6 +105,15 @@ pub fn micro_file(
     std::fs::read(&path).expect("read back")
 }
 
+/// The bytes of a file with this metadata and these tensors (zero data), for architectures
+/// without a micro preset: their metadata is checked before any tensor.
+pub fn meta_file(meta: &[(String, Value)], specs: &[TensorSpec]) -> Vec<u8> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("meta.gguf");
+    write(&path, meta, specs);
+    std::fs::read(&path).expect("read back")
+}
+
 fn write(path: &Path, meta: &[(String, Value)], specs: &[TensorSpec]) {
     let mut w = GgufWriter::create(path, meta, specs).expect("writer accepts the edit");
     for s in specs {
