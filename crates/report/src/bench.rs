@@ -129,23 +129,29 @@ pub fn rows(view: &RunView) -> Vec<BenchRow> {
         RunView::Sweep(v) => {
             let s = &v.summary;
             let params = Some(graph_params(v.graph));
-            s.depths
+            // prefill chunks (`pp512 @ d4096`), then the decode steps after them
+            // (`tg16 x4 @ d4608`: the depth is the context of the first step)
+            let mut phases = vec![s.prefill()];
+            phases.extend(s.decode.clone());
+            phases
                 .iter()
-                .map(|d| {
-                    row(
-                        String::new(),
-                        params,
-                        test_name(s.tokens, d.depth, 0, 1),
-                        s.tokens,
-                        d.depth,
-                        d.tok_per_s,
-                        c.threads,
-                        s.bands
-                            .iter()
-                            .cloned()
-                            .zip(d.ms_per_token.clone())
-                            .collect(),
-                    )
+                .flat_map(|p| {
+                    p.depths.iter().map(move |d| {
+                        row(
+                            String::new(),
+                            params,
+                            test_name(s.tokens, d.depth, p.steps, p.parallel),
+                            p.tokens,
+                            d.depth,
+                            d.tok_per_s,
+                            c.threads,
+                            p.bands
+                                .iter()
+                                .cloned()
+                                .zip(d.ms_per_token.clone())
+                                .collect(),
+                        )
+                    })
                 })
                 .collect()
         }

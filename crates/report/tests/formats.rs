@@ -83,6 +83,34 @@ fn every_format_of_every_run_is_pinned() {
 }
 
 #[test]
+fn a_sweep_with_decode_steps_renders_both_phases() {
+    let (cfg, graph, records, passes) = fixture::decode_sweep_data();
+    let m = fixture::manifest("sweep");
+    let view =
+        RunView::Sweep(SweepView::new(&m, &cfg, &graph, Some(&graph), &records, &passes).unwrap());
+    let opts = RenderOptions::default();
+    for format in [
+        Format::Text,
+        Format::Md,
+        Format::Csv,
+        Format::Bands,
+        Format::Svg,
+    ] {
+        let out = text(render(&view, format, &opts).unwrap());
+        // llama-bench's rows name decode tests `tg4 x2 @ d512`
+        assert!(
+            out.contains("decode") || out.contains("tg4 x2 @ d512"),
+            "{} lacks the decode phase",
+            format.name()
+        );
+        insta::assert_snapshot!(
+            format!("sweep_decode_{}", file_name(&view, format).unwrap()),
+            out
+        );
+    }
+}
+
+#[test]
 fn the_layer_trace_is_pinned() {
     let d = data();
     let view = RunView::Profile(ProfileView::new(&d.profile.0, &d.profile.1).unwrap());

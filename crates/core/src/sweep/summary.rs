@@ -110,6 +110,14 @@ pub struct KindSeries {
 pub struct PhaseSummary {
     /// Tokens one measured unit processes (the chunk; steps x sequences for decode).
     pub tokens: u32,
+    /// Decode steps and sequences (0 and 1 for prefill).
+    #[serde(default)]
+    pub steps: u32,
+    #[serde(default)]
+    pub parallel: u32,
+    /// The bands of this phase's graph, the order of `ms_per_token`.
+    #[serde(default)]
+    pub bands: Vec<String>,
     pub depths: Vec<DepthRow>,
     pub fits: Vec<BandFit>,
     pub crossover: Option<Crossover>,
@@ -165,6 +173,9 @@ impl SweepSummary {
     pub fn prefill(&self) -> PhaseSummary {
         PhaseSummary {
             tokens: self.tokens,
+            steps: 0,
+            parallel: 1,
+            bands: self.bands.clone(),
             depths: self.depths.clone(),
             fits: self.fits.clone(),
             crossover: self.crossover.clone(),
@@ -478,7 +489,7 @@ pub fn summarise_sweep_with_decode(
     if rows.is_empty() {
         return Err(SweepError::Empty);
     }
-    let prefill = phase_summary(cfg, index, &by_depth, rows, cfg.work.chunk_tokens)?;
+    let prefill = phase_summary(cfg, index, &by_depth, rows, cfg.work.chunk_tokens, (0, 1))?;
     let mut decode_summary = None;
     let mut decode_mismatched = 0;
     if let (Some(d), Some((dgraph, dindex))) = (cfg.decode, decode) {
@@ -502,7 +513,14 @@ pub fn summarise_sweep_with_decode(
             dindex.kinds.len(),
         );
         if !rows.is_empty() {
-            decode_summary = Some(phase_summary(cfg, dindex, &by_depth, rows, dtok as u32)?);
+            decode_summary = Some(phase_summary(
+                cfg,
+                dindex,
+                &by_depth,
+                rows,
+                dtok as u32,
+                (d.steps, d.parallel),
+            )?);
         }
     }
     let min_coverage = prefill
@@ -633,10 +651,15 @@ pub fn summarise_sweep_with_decode(
         cycles: cfg.cycles,
         depth_axis: format!(
             "depth = the tokens already in the context when a chunk starts (the chunk's own \
-             tokens attend to depth + 1 .. depth + {} positions, {:.0} more than depth on \
-             average); decode rows: the tokens in the context when the first step starts",
+             tokens attend to depth + 1 .. depth + {} positions, {} more than depth on \
+             average){}",
             cfg.work.chunk_tokens,
-            (cfg.work.chunk_tokens as f64 + 1.0) / 2.0
+            (cfg.work.chunk_tokens as f64 + 1.0) / 2.0,
+            if decode_summary.is_some() {
+                "; decode rows: the tokens in the context when the first step starts"
+            } else {
+                ""
+            }
         ),
         bands,
         depths: prefill.depths,
@@ -666,6 +689,7 @@ fn phase_summary(
     by_depth: &DepthCycles,
     rows: Vec<DepthRow>,
     tokens: u32,
+    (steps, parallel): (u32, u32),
 ) -> Result<PhaseSummary, SweepError> {
     let x: Vec<f64> = rows.iter().map(|d| d.depth as f64).collect();
     let mut fits = Vec::new();
@@ -697,6 +721,9 @@ fn phase_summary(
         .map(|d| (d.depth, d.agreement));
     Ok(PhaseSummary {
         tokens,
+        steps,
+        parallel,
+        bands: index.bands.clone(),
         depths: rows,
         fits,
         crossover,
