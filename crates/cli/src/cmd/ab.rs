@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use opledger_core::ab::{
-    AbConfig, AbReport, Ablation, Knobs, ScenarioResult, Tolerance, Verdict, AB_SCHEMA_VERSION,
+    AbConfig, AbReport, Ablation, Knobs, Outcome, ScenarioResult, Tolerance, AB_SCHEMA_VERSION,
 };
 use opledger_core::engine::Work;
 use opledger_core::manifest::Manifest;
@@ -138,19 +138,20 @@ pub struct DiscoverArgs {
     pub quiet: bool,
 }
 
-fn overall(scenarios: &[ScenarioResult]) -> String {
-    if scenarios.iter().any(|s| !s.correctness.passed) {
-        return "refused: the model's output changed beyond the tolerance".into();
-    }
-    let verdicts: Vec<Verdict> = scenarios.iter().map(|s| s.verdict).collect();
-    if verdicts.iter().all(|v| *v == Verdict::Faster) {
-        "faster in every scenario".into()
-    } else if verdicts.contains(&Verdict::Slower) {
-        "slower in at least one scenario".into()
-    } else if verdicts.contains(&Verdict::Faster) {
-        "faster in some scenarios, no worse in the others".into()
-    } else {
-        "no change beyond the noise".into()
+/// The exit code of an A/B: 4 when the correctness gate refused B, 5 when a control moved
+/// (inconclusive), else 0. The same codes come from `discover` (its confirmation) and from
+/// `report` of a stored A/B.
+pub fn ab_exit_code(report: &AbReport) -> ExitCode {
+    match report.verdict {
+        Outcome::Refused => {
+            eprintln!("verdict: {}", report.verdict.words());
+            ExitCode::from(crate::exit::REFUSED)
+        }
+        Outcome::Inconclusive => {
+            eprintln!("verdict: {}", report.verdict.words());
+            ExitCode::from(crate::exit::INCONCLUSIVE)
+        }
+        _ => ExitCode::SUCCESS,
     }
 }
 
@@ -220,7 +221,7 @@ fn ab_with_ablations(
         a: a.clone(),
         b: b.clone(),
         config: cfg.clone(),
-        verdict: overall(&scenarios),
+        verdict: Outcome::of(&scenarios),
         scenarios,
         ablations,
     })
@@ -310,11 +311,7 @@ pub fn run_ab(args: AbArgs) -> Result<ExitCode> {
             print!("{text}");
             println!("run folder: {}", dir.display());
         }
-        Ok(if report.verdict.starts_with("refused") {
-            ExitCode::from(4)
-        } else {
-            ExitCode::SUCCESS
-        })
+        Ok(ab_exit_code(&report))
     }
 }
 
@@ -490,7 +487,12 @@ pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
             print!("{text}");
             println!("run folder: {}", dir.display());
         }
-        Ok(ExitCode::SUCCESS)
+        // a refused or inconclusive confirmation is not a discovery
+        Ok(report
+            .confirmation
+            .as_ref()
+            .map(ab_exit_code)
+            .unwrap_or(ExitCode::SUCCESS))
     }
 }
 

@@ -108,7 +108,8 @@ fn load(dir: &Path) -> Result<Stored> {
             Stored::Sweep(m, cfg, graph)
         }
         "ab" => {
-            let r = read_json(&dir.join("ab.json"))?;
+            let mut r: AbReport = read_json(&dir.join("ab.json"))?;
+            r.upgrade();
             Stored::Ab(m, r)
         }
         "waste" => {
@@ -204,7 +205,7 @@ pub fn run(args: ReportArgs) -> Result<ExitCode> {
 }
 
 /// 3 when a check failed (as the measuring command would exit), 4 for an A/B refused by the
-/// correctness gate, else 0.
+/// correctness gate, 5 for an inconclusive one, else 0.
 fn exit_code(view: &RunView) -> ExitCode {
     let failed: Vec<(String, String)> = match view {
         RunView::Profile(v) => v
@@ -221,11 +222,8 @@ fn exit_code(view: &RunView) -> ExitCode {
             .filter(|c| c.status == CheckStatus::Fail)
             .map(|c| (c.name.clone(), c.detail.clone()))
             .collect(),
-        RunView::Ab(v) if v.report.verdict.starts_with("refused") => {
-            eprintln!("verdict: {}", v.report.verdict);
-            return ExitCode::from(4);
-        }
-        RunView::Ab(_) | RunView::Waste(_) => Vec::new(),
+        RunView::Ab(v) => return super::ab::ab_exit_code(v.report),
+        RunView::Waste(_) => Vec::new(),
     };
     for (name, detail) in &failed {
         eprintln!("check failed: {name}: {detail}");
