@@ -144,6 +144,7 @@ impl Engine for MockEngine {
         if self.prepared.is_none() {
             return Err(EngineError::Failed("run() before prepare()".into()));
         }
+        crate::engine::check_finite(&format!("the mock's {} run", mode.label()), &self.logits)?;
         let noise = self.noise();
         // a decode run sums its steps, each step costing the same
         let steps = self

@@ -70,6 +70,10 @@ pub struct ProfileRaw {
     /// What the noise gate rejected and kept.
     #[serde(default)]
     pub gate: crate::noise::GateStats,
+    /// Every run's logits were checked finite (the engine fails a run whose logits are NaN or
+    /// infinite, and the measurement stops there); false in files written before the check.
+    #[serde(default)]
+    pub outputs_checked_finite: bool,
 }
 
 /// The orders cycles rotate through: FUSED and FUSED-observed stay adjacent (their ratio is the
@@ -172,6 +176,7 @@ pub fn measure(
         output_hashes: hashes,
         overhead_pairs,
         gate,
+        outputs_checked_finite: true,
     })
 }
 
@@ -597,6 +602,20 @@ pub fn summarise(
                 "runs returned different logits".into()
             },
         },
+        Check {
+            name: "finite".into(),
+            status: if raw.outputs_checked_finite {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Warn
+            },
+            detail: if raw.outputs_checked_finite {
+                "every run of every mode returned finite logits (a NaN or infinite logit stops the measurement, exit 3)".into()
+            } else {
+                "not checked: the run was recorded before logits were checked for NaN and infinity"
+                    .into()
+            },
+        },
     ];
     checks.push(Check {
         name: "noise".into(),
@@ -926,6 +945,29 @@ mod tests {
             assert!(band.get(key).is_some(), "missing bands[].{key}");
         }
         assert_eq!(v["tokens"], 100);
+    }
+
+    #[test]
+    fn a_model_whose_logits_are_nan_is_not_timed() {
+        let mut e = MockEngine::new(&NODES);
+        e.logits = vec![0.5, f32::NAN, f32::INFINITY];
+        let err = measure(&mut e, &cfg(3), &mut |_, _, _| {}).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                EngineError::NonFiniteOutputs {
+                    non_finite: 2,
+                    values: 3,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().starts_with("outputs finite: "), "{err}");
+        // a finite model passes the check, and says so
+        let s = run(&mut MockEngine::new(&NODES), 3);
+        let c = s.checks.iter().find(|c| c.name == "finite").unwrap();
+        assert_eq!(c.status, CheckStatus::Pass);
     }
 
     #[test]

@@ -41,10 +41,33 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunFolderError + '_ {
     }
 }
 
-/// A run folder being written.
+/// A run folder being written. A folder this process created and left holding nothing but its
+/// marker (the command failed before writing anything, a refusal or an error before measuring)
+/// is removed when the value is dropped: a failed command leaves no folder behind.
 #[derive(Debug)]
 pub struct RunFolder {
     path: PathBuf,
+    /// Created by this process (not reopened with [`RunFolder::resume`]).
+    created: bool,
+}
+
+impl Drop for RunFolder {
+    fn drop(&mut self) {
+        if !self.created {
+            return;
+        }
+        let only_marker = fs::read_dir(&self.path).is_ok_and(|entries| {
+            let names: Vec<_> = entries
+                .filter_map(|e| e.ok().map(|e| e.file_name()))
+                .collect();
+            names.len() == 1 && names[0] == INCOMPLETE_MARKER
+        });
+        if only_marker {
+            // best effort: a folder that cannot be removed stays marked incomplete
+            let _ = fs::remove_file(self.path.join(INCOMPLETE_MARKER));
+            let _ = fs::remove_dir(&self.path);
+        }
+    }
 }
 
 impl RunFolder {
@@ -66,6 +89,7 @@ impl RunFolder {
         })?;
         let folder = RunFolder {
             path: path.to_path_buf(),
+            created: true,
         };
         folder.write(INCOMPLETE_MARKER, b"this run folder is being written\n")?;
         Ok(folder)
@@ -88,6 +112,7 @@ impl RunFolder {
         }
         Ok(RunFolder {
             path: path.to_path_buf(),
+            created: false,
         })
     }
 
@@ -149,7 +174,7 @@ impl RunFolder {
     pub fn finish(self) -> Result<PathBuf, RunFolderError> {
         let marker = self.path.join(INCOMPLETE_MARKER);
         fs::remove_file(&marker).map_err(io_err(&marker))?;
-        Ok(self.path)
+        Ok(self.path.clone())
     }
 }
 
@@ -224,6 +249,33 @@ mod tests {
         let again = RunFolder::create(&p).unwrap_err();
         assert!(matches!(again, RunFolderError::Exists(_)));
         assert!(again.to_string().contains("run1"));
+    }
+
+    #[test]
+    fn a_folder_left_with_only_its_marker_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        // created, then the command failed before writing anything
+        let p = dir.path().join("refused");
+        drop(RunFolder::create(&p).unwrap());
+        assert!(!p.exists(), "a refused command left {}", p.display());
+        // something was written: the interrupted folder stays, marked incomplete
+        let q = dir.path().join("interrupted");
+        let f = RunFolder::create(&q).unwrap();
+        f.write("manifest.json", b"{}").unwrap();
+        drop(f);
+        assert!(q.join(INCOMPLETE_MARKER).exists());
+        // a reopened folder is never removed, even when it holds only the marker
+        let r = dir.path().join("reopened");
+        fs::create_dir(&r).unwrap();
+        fs::write(r.join(INCOMPLETE_MARKER), b"x").unwrap();
+        drop(RunFolder::resume(&r).unwrap());
+        assert!(r.join(INCOMPLETE_MARKER).exists());
+        // a finished folder stays
+        let s = dir.path().join("finished");
+        let f = RunFolder::create(&s).unwrap();
+        f.write("a.txt", b"x").unwrap();
+        f.finish().unwrap();
+        assert!(s.join("a.txt").exists());
     }
 
     #[test]

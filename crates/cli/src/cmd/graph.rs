@@ -176,7 +176,7 @@ pub fn run(args: GraphArgs) -> Result<ExitCode> {
                     e.op, e.band, e.expected, e.rule, e.found
                 );
             }
-            Ok(ExitCode::from(3))
+            Ok(ExitCode::from(crate::exit::CHECK_FAILED))
         }
     }
     #[cfg(not(feature = "llama"))]

@@ -317,7 +317,7 @@ pub fn run_ledger(args: LedgerArgs) -> Result<ExitCode> {
         .iter()
         .any(|r| r.as_ref().is_some_and(|r| !r.outputs_identical));
     Ok(if bad_replay {
-        ExitCode::from(3)
+        ExitCode::from(crate::exit::CHECK_FAILED)
     } else {
         ExitCode::SUCCESS
     })

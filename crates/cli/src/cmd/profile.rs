@@ -279,7 +279,7 @@ pub fn exit_code(summary: &ProfileSummary) -> ExitCode {
         {
             eprintln!("check failed: {}: {}", c.name, c.detail);
         }
-        ExitCode::from(3)
+        ExitCode::from(crate::exit::CHECK_FAILED)
     } else {
         ExitCode::SUCCESS
     }

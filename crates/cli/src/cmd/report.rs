@@ -231,6 +231,6 @@ fn exit_code(view: &RunView) -> ExitCode {
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(3)
+        ExitCode::from(crate::exit::CHECK_FAILED)
     }
 }

@@ -276,6 +276,6 @@ fn exit_code(summary: &SweepSummary) -> ExitCode {
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(3)
+        ExitCode::from(crate::exit::CHECK_FAILED)
     }
 }
