@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::band::Assignment;
+use crate::engine::Work as EngineWork;
 use crate::node::NodeInfo;
 use crate::peaks::Peaks;
 use crate::profile::ProfileSummary;
@@ -15,7 +16,7 @@ use crate::replay::ReplayResult;
 
 pub const LEDGER_SCHEMA_VERSION: u32 = 1;
 
-/// Bytes and FLOPs of one band for one chunk.
+/// Bytes and FLOPs of one band for one run: the prefill chunk, or every step of a decode run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Work {
     /// Weight bytes read (expert matmuls: the experts routed to only, where known).
@@ -26,14 +27,72 @@ pub struct Work {
     pub flops: f64,
 }
 
-/// FLOPs and bytes of every band of a graph. `experts_routed[i]`: how many distinct experts the
-/// expert matmul at node `i` really used (from captured ids); without it, every expert counts
-/// (an upper bound, flagged by the caller).
+/// Graph computations one run makes: 1 for a prefill chunk, one per step of a decode run.
+pub fn graph_runs(work: &EngineWork) -> u32 {
+    if work.is_decode() {
+        work.decode_tokens
+    } else {
+        1
+    }
+}
+
+/// FLOPs of one FLASH_ATTN_EXT node over one run, and how many whole K (and V) views the run
+/// reads.
+///
+/// What is counted: for every query row and head, QK^T over the key positions the row really
+/// attends (2 DK per position) and PV over the same positions (2 DV per position). A row of a
+/// prefill chunk at depth D attends D + i + 1 positions (row i, causal); a row of decode step s
+/// (one row per sequence) attends D + s + 1 (the shared prefix and its own tokens; the unified
+/// cache's cells of other sequences are masked). Never the padded `n_kv` of the K view: ggml's
+/// CPU kernel does not compute masked positions (ggml/src/ggml-cpu/ops.cpp of llama-cpp-sys-2
+/// 0.1.161). Its row-by-row path, `ggml_compute_forward_flash_attn_ext_f16_one_chunk` (fewer
+/// than 64 query rows, and decode's split-KV path), skips every position whose mask is -inf
+/// before the dot product (ops.cpp:8968), so it computes exactly this. Its tiled path,
+/// `ggml_compute_forward_flash_attn_ext_tiled` (64 or more query rows with an F32/F16 cache,
+/// chosen at ops.cpp:9546-9550), skips a 64-position KV tile only when it is masked for every
+/// row of the 64-row query tile (ops.cpp:9226-9245) and computes the other tiles in full
+/// (ops.cpp:9265, 9328), so along the diagonal it does up to one KV tile per row more than
+/// counted here: the count is the useful work, a lower bound of that path's arithmetic.
+/// Sliding windows are not modelled (no preset has one). The K and V bytes are scaled the same
+/// way: a step reads its widest row's positions, not the padding.
+fn flash_attn(node: &NodeInfo, work: &EngineWork) -> Option<(f64, f64)> {
+    let (q, k) = (node.src(0)?, node.src(1)?);
+    let dv = node.src(2).map(|v| v.ne[0]).unwrap_or(q.ne[0]) as f64;
+    let (dk, rows, heads) = (q.ne[0] as f64, q.ne[1].max(0) as u64, q.ne[2].max(1) as f64);
+    let n_kv = k.ne[1].max(1) as u64;
+    let depth = work.depth_tokens as u64;
+    let mut positions = 0u64;
+    let mut views_read = 0.0;
+    for step in 0..graph_runs(work) as u64 {
+        let mut widest = 0u64;
+        for row in 0..rows {
+            let span = if work.is_decode() {
+                depth + step + 1
+            } else {
+                depth + row + 1
+            };
+            let a = span.min(n_kv);
+            positions += a;
+            widest = widest.max(a);
+        }
+        views_read += widest as f64 / n_kv as f64;
+    }
+    Some(((2.0 * dk + 2.0 * dv) * positions as f64 * heads, views_read))
+}
+
+/// FLOPs and bytes of every band of a graph over one run of `work`: a decode run computes the
+/// graph once per step (the captured graph of step 0, its routing repeated; the attention span
+/// grows one position a step), so its bytes and FLOPs are the step's times the steps, as its
+/// time is. `experts_routed[i]`: how many distinct experts the expert matmul at node `i` really
+/// used (from captured ids); without it, every expert counts (an upper bound, flagged by the
+/// caller).
 pub fn band_work(
     graph: &[NodeInfo],
     assignments: &[Assignment],
     experts_routed: &BTreeMap<u32, u32>,
+    work: &EngineWork,
 ) -> BTreeMap<String, Work> {
+    let steps = graph_runs(work) as u64;
     let mut out: BTreeMap<String, Work> = BTreeMap::new();
     for (n, a) in graph.iter().zip(assignments) {
         if !n.is_working() {
@@ -41,6 +100,8 @@ pub fn band_work(
         }
         let w = out.entry(a.band.clone()).or_default();
         let elems = |ne: [i64; 4]| ne.iter().map(|&d| d.max(0) as f64).product::<f64>();
+        // whole K and V views a flash-attention node reads over the run
+        let mut kv_views = steps as f64;
         match n.op.as_str() {
             "MUL_MAT" | "MUL_MAT_ID" => {
                 // 2 K per output element. K is ne[0] of the activations (src 1) in both
@@ -49,14 +110,13 @@ pub fn band_work(
                 // lhs[.., M, K] x rhs[.., K, N], listed as (rhs, lhs), whose lhs has ne[0] = K,
                 // while its rhs (a transposed K cache, say) need not
                 if let Some(k) = n.src(1).or_else(|| n.src(0)).map(|s| s.ne[0]) {
-                    w.flops += 2.0 * k as f64 * elems(n.out.ne);
+                    w.flops += 2.0 * k as f64 * elems(n.out.ne) * steps as f64;
                 }
             }
             "FLASH_ATTN_EXT" => {
-                // q[hd, T, heads], k[hd, n_kv, heads_kv]: QK^T and PV, 2 hd n_kv each per head/row
-                if let (Some(q), Some(k)) = (n.src(0), n.src(1)) {
-                    w.flops +=
-                        4.0 * q.ne[0] as f64 * k.ne[1] as f64 * q.ne[1] as f64 * q.ne[2] as f64;
+                if let Some((flops, views)) = flash_attn(n, work) {
+                    w.flops += flops;
+                    kv_views = views;
                 }
             }
             _ => {}
@@ -74,12 +134,14 @@ pub fn band_work(
                 } else {
                     s.size_bytes
                 };
-                w.weight_bytes += bytes;
+                w.weight_bytes += bytes * steps;
+            } else if n.op == "FLASH_ATTN_EXT" && (slot == 1 || slot == 2) {
+                w.activation_bytes += (s.size_bytes as f64 * kv_views).round() as u64;
             } else {
-                w.activation_bytes += s.size_bytes;
+                w.activation_bytes += s.size_bytes * steps;
             }
         }
-        w.activation_bytes += n.out.size_bytes;
+        w.activation_bytes += n.out.size_bytes * steps;
     }
     out
 }
@@ -98,7 +160,8 @@ pub struct Side {
     pub agreement: f64,
     /// Band -> ms/token (share x wall).
     pub ms_per_token: BTreeMap<String, f64>,
-    /// Band -> bytes and FLOPs of the chunk, where known.
+    /// Band -> bytes and FLOPs of one run (the chunk, or every step of a decode run), where
+    /// known: the same run whose time `ms_per_token` x `tokens` is.
     #[serde(default)]
     pub work: BTreeMap<String, Work>,
     /// In-graph replay: band -> ms/token, where measured.
@@ -412,26 +475,30 @@ mod tests {
             .starts_with("the same bytes (1.01x), slower (1.12x)"));
     }
 
-    #[test]
-    fn band_work_counts_matmul_flops_and_routed_expert_bytes() {
-        use crate::node::TensorDesc;
-        let t = |name: &str, ne: [i64; 4], bytes: u64, w: bool| {
-            Some(TensorDesc {
-                name: name.into(),
-                ne,
-                ggml_type: "F32".into(),
-                size_bytes: bytes,
-                is_weight: w,
-                producer: None,
-                nb: [0; 4],
-            })
-        };
-        let node = |i: u32, op: &str, out: [i64; 4], srcs: Vec<Option<TensorDesc>>| NodeInfo {
+    fn t(name: &str, ne: [i64; 4], bytes: u64, w: bool) -> Option<crate::node::TensorDesc> {
+        Some(crate::node::TensorDesc {
+            name: name.into(),
+            ne,
+            ggml_type: "F32".into(),
+            size_bytes: bytes,
+            is_weight: w,
+            producer: None,
+            nb: [0; 4],
+        })
+    }
+
+    fn node(
+        i: u32,
+        op: &str,
+        out: [i64; 4],
+        srcs: Vec<Option<crate::node::TensorDesc>>,
+    ) -> NodeInfo {
+        NodeInfo {
             index: i,
             op: op.into(),
             name: format!("n{i}"),
             layer: Some(0),
-            out: TensorDesc {
+            out: crate::node::TensorDesc {
                 name: "o".into(),
                 ne: out,
                 ggml_type: "F32".into(),
@@ -446,7 +513,106 @@ mod tests {
             skipped: false,
             op_code: None,
             op_params: Vec::new(),
+        }
+    }
+
+    fn in_band(band: &str) -> Assignment {
+        Assignment {
+            band: band.into(),
+            reason: crate::band::Reason::None,
+        }
+    }
+
+    #[test]
+    fn decode_bytes_and_flops_are_per_step_times_steps() {
+        // one decode step of 2 sequences: a [K=64, N=32] weight (8192 bytes) times [64, 2]
+        // (512 bytes), out [32, 2] (100 bytes); 4 steps
+        let mm = node(
+            0,
+            "MUL_MAT",
+            [32, 2, 1, 1],
+            vec![
+                t("w", [64, 32, 1, 1], 8192, true),
+                t("x", [64, 2, 1, 1], 512, false),
+            ],
+        );
+        let decode = EngineWork {
+            decode_tokens: 4,
+            parallel: 2,
+            ..EngineWork::prefill(512, 0)
         };
+        let w = band_work(&[mm], &[in_band("projections")], &BTreeMap::new(), &decode);
+        let p = w["projections"];
+        assert_eq!(p.weight_bytes, 4 * 8192);
+        assert_eq!(p.activation_bytes, 4 * (512 + 100));
+        assert_eq!(p.flops, 4.0 * 2.0 * 64.0 * 32.0 * 2.0);
+        // a side of that decode run: 8 tokens at 0.5 ms/token = 4 ms for the 4 steps
+        let mut a = side("a", &[("projections", 0.5)]);
+        a.tokens = decode.tokens_per_run();
+        a.decode_tokens = 4;
+        a.work.insert("projections".into(), p);
+        let mut b = a.clone();
+        b.ms_per_token.insert("projections".into(), 0.25);
+        let l = compare(a, b, false).unwrap();
+        let r = &l.rows[0];
+        // 4 x 8804 bytes in 4 ms: 8.804e-3 GB/s (one step's bytes over all steps' time gave a
+        // quarter of it)
+        let gb = 4.0 * 8804.0 / 4e-3 / 1e9;
+        assert!(
+            (r.a_gb_per_s.unwrap() - gb).abs() < 1e-15,
+            "{:?}",
+            r.a_gb_per_s
+        );
+        assert!((r.b_gb_per_s.unwrap() - 2.0 * gb).abs() < 1e-15);
+        let gflop = 4.0 * 8192.0 / 4e-3 / 1e9;
+        assert!((r.a_gflop_per_s.unwrap() - gflop).abs() < 1e-15);
+    }
+
+    #[test]
+    fn flash_attention_counts_the_causal_span_not_the_padded_kv() {
+        // q [DK=64, 4 rows, 2 heads], K and V views [64, n_kv=256 (padded), 1 kv head]
+        // (256 x 64 x 2 bytes each), at depth 100
+        let fa = || {
+            node(
+                0,
+                "FLASH_ATTN_EXT",
+                [64, 2, 4, 1],
+                vec![
+                    t("q", [64, 4, 2, 1], 2048, false),
+                    t("k", [64, 256, 1, 1], 32768, false),
+                    t("v", [64, 256, 1, 1], 32768, false),
+                    t("mask", [256, 4, 1, 1], 0, false),
+                ],
+            )
+        };
+        let prefill = EngineWork::prefill(4, 100);
+        let w = band_work(&[fa()], &[in_band("attention")], &BTreeMap::new(), &prefill);
+        // rows attend 101, 102, 103, 104 positions: (2 x 64 + 2 x 64) x 410 x 2 heads
+        assert_eq!(w["attention"].flops, 256.0 * 410.0 * 2.0);
+        // K and V: 104 of 256 positions read; q, mask and out whole
+        let kv = (32768.0_f64 * 104.0 / 256.0).round() as u64;
+        assert_eq!(w["attention"].activation_bytes, 2048 + 2 * kv + 100);
+        // decode: 3 steps of 4 sequences at depth 100 attend 101, 102, 103 positions each
+        let decode = EngineWork {
+            decode_tokens: 3,
+            parallel: 4,
+            ..EngineWork::prefill(4, 100)
+        };
+        let w = band_work(&[fa()], &[in_band("attention")], &BTreeMap::new(), &decode);
+        assert_eq!(
+            w["attention"].flops,
+            256.0 * (101.0 + 102.0 + 103.0) * 4.0 * 2.0
+        );
+        let kv = (32768.0_f64 * (101.0 + 102.0 + 103.0) / 256.0).round() as u64;
+        assert_eq!(w["attention"].activation_bytes, 3 * 2048 + 2 * kv + 3 * 100);
+        // never more than the view holds: depth 300 > n_kv 256 attends 256
+        let deep = EngineWork::prefill(4, 300);
+        let w = band_work(&[fa()], &[in_band("attention")], &BTreeMap::new(), &deep);
+        assert_eq!(w["attention"].flops, 256.0 * 256.0 * 4.0 * 2.0);
+    }
+
+    #[test]
+    fn band_work_counts_matmul_flops_and_routed_expert_bytes() {
         // a [K=64, N=32] weight times [64, 512]: 2 x 64 x 32 x 512 FLOPs
         let mm = node(
             0,
@@ -477,7 +643,12 @@ mod tests {
                 reason: crate::band::Reason::None,
             },
         ];
-        let w = band_work(&[mm, id], &a, &BTreeMap::from([(1, 10)]));
+        let w = band_work(
+            &[mm, id],
+            &a,
+            &BTreeMap::from([(1, 10)]),
+            &EngineWork::prefill(512, 0),
+        );
         assert_eq!(w["projections"].flops, 2.0 * 64.0 * 32.0 * 512.0);
         assert_eq!(w["projections"].weight_bytes, 8192);
         assert_eq!(w["projections"].activation_bytes, 1100);
@@ -492,6 +663,7 @@ mod tests {
             )],
             &a[1..],
             &BTreeMap::new(),
+            &EngineWork::prefill(512, 0),
         );
         assert_eq!(all["moe"].weight_bytes, 16 * 8192);
         // candle's q x k^T per key/value head: lhs q [hd=128, M=512, 4 heads], rhs k^T
@@ -505,7 +677,12 @@ mod tests {
                 t("q", [128, 512, 4, 1], 0, false),
             ],
         );
-        let w = band_work(&[kq], &a[..1], &BTreeMap::new());
+        let w = band_work(
+            &[kq],
+            &a[..1],
+            &BTreeMap::new(),
+            &EngineWork::prefill(512, 0),
+        );
         assert_eq!(w["projections"].flops, 2.0 * 128.0 * 512.0 * 512.0 * 4.0);
     }
 }

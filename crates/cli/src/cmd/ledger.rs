@@ -117,7 +117,7 @@ fn side_of_run(dir: &Path) -> Result<Side> {
         &m.model.arch.arch,
         &summary,
     );
-    side.work = band_work(&raw.graph, &assignments, &BTreeMap::new());
+    side.work = band_work(&raw.graph, &assignments, &BTreeMap::new(), &raw.config.work);
     Ok(side)
 }
 
@@ -219,7 +219,12 @@ pub fn run_ledger(args: LedgerArgs) -> Result<ExitCode> {
                 "{name}: expert bytes count every expert (routing unknown)"
             ));
         }
-        side.work = band_work(&raw.graph, &assignments, &routed.unwrap_or_default());
+        side.work = band_work(
+            &raw.graph,
+            &assignments,
+            &routed.unwrap_or_default(),
+            &cfg.work,
+        );
         let mut replay_result = None;
         if replay {
             engine.prepare(&cfg.work)?;
