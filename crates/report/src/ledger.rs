@@ -322,7 +322,7 @@ mod tests {
             replay_ms_per_token: BTreeMap::new(),
         };
         LedgerReport {
-            ledger: compare(side("a", 2.0, 1.0), side("b", 1.0, 1.5), false).unwrap(),
+            ledger: compare(side("a", 2.0, 1.0), side("b", 1.0, 1.5), false, None).unwrap(),
             replay_a: None,
             replay_b: None,
             peaks: None,

@@ -124,7 +124,8 @@ fn side_of_run(dir: &Path) -> Result<Side> {
 pub fn run_compare(args: CompareArgs) -> Result<ExitCode> {
     let a = side_of_run(&args.run_a)?;
     let b = side_of_run(&args.run_b)?;
-    let ledger = compare(a, b, args.force)?;
+    // stored runs carry no peaks (and may come from another machine): no roofline verdict
+    let ledger = compare(a, b, args.force, None)?;
     let report = LedgerReport {
         ledger,
         replay_a: None,
@@ -132,6 +133,8 @@ pub fn run_compare(args: CompareArgs) -> Result<ExitCode> {
         peaks: None,
         notes: vec![
             "bytes count every expert of an expert matmul (routing not stored): an upper bound"
+                .into(),
+            "no peaks are measured for stored runs: what limits a band is not judged (`opledger ledger` measures them)"
                 .into(),
         ],
     };
@@ -282,7 +285,7 @@ pub fn run_ledger(args: LedgerArgs) -> Result<ExitCode> {
     bar.finish_and_clear();
     let b = sides.pop().expect("two sides");
     let a = sides.pop().expect("two sides");
-    let ledger = compare(a, b, false)?;
+    let ledger = compare(a, b, false, peaks.as_ref())?;
     let replay_b = replays.pop().flatten();
     let replay_a = replays.pop().flatten();
     let report = LedgerReport {
