@@ -625,9 +625,11 @@ pub fn summarise(
             CheckStatus::Warn
         },
         detail: format!(
-            "{} runs rejected and retaken because other processes used the CPUs; {} kept although still noisy (others used up to {:.0} %)",
+            "{} runs rejected and retaken because other processes used the CPUs (threshold {:.0} % of one CPU for the busiest other process, and of the machine for all others); {} kept although still noisy; in kept runs the busiest other process used up to {:.0} % of one CPU, all others up to {:.1} % of the machine",
             raw.gate.rejected,
+            raw.config.gate.max_others * 100.0,
             raw.gate.kept_noisy,
+            raw.gate.max_busiest_kept * 100.0,
             raw.gate.max_others_kept * 100.0
         ),
     });

@@ -396,11 +396,11 @@ pub fn run_sweep(
                         cfg.depth_of(chunk)
                     ),
                 );
-                let before = crate::noise::read_ticks();
+                let before = crate::noise::read_snapshot();
                 let t = engine.pass_chunk(mode, chunk)?;
-                if let (Some(b), Some(a)) = (before, crate::noise::read_ticks()) {
+                if let (Some(b), Some(a)) = (before, crate::noise::read_snapshot()) {
                     if t.wall_ms >= 20.0
-                        && crate::noise::others_share(b, a) > crate::noise::DEFAULT_MAX_OTHERS
+                        && crate::noise::reading(&b, &a).noisy(crate::noise::DEFAULT_MAX_OTHERS)
                     {
                         noisy_chunks += 1;
                     }
@@ -716,7 +716,7 @@ pub fn summarise_sweep(
             CheckStatus::Warn
         },
         detail: format!(
-            "{noisy} chunks measured while other processes used more than {:.0} % of the CPUs",
+            "{noisy} chunks measured while the busiest other process used more than {:.0} % of one CPU, or all others more than that share of the machine",
             crate::noise::DEFAULT_MAX_OTHERS * 100.0
         ),
     });

@@ -796,7 +796,10 @@ fn ab_checks(v: &AbView) -> Vec<Check> {
             CheckStatus::Warn
         },
         detail: format!(
-            "{rejected} runs rejected and retaken because other processes used the CPUs; {noisy} kept although still noisy"
+            "{rejected} runs rejected and retaken because other processes used the CPUs (threshold {:.0} % of one CPU for the busiest other process, and of the machine for all others); {noisy} kept although still noisy; in kept runs the busiest other process used up to {:.0} % of one CPU, all others up to {:.1} % of the machine",
+            r.config.gate.max_others * 100.0,
+            r.scenarios.iter().map(|s| s.gate.max_busiest_kept).fold(0.0, f64::max) * 100.0,
+            r.scenarios.iter().map(|s| s.gate.max_others_kept).fold(0.0, f64::max) * 100.0
         ),
     });
     out

@@ -43,9 +43,13 @@ pub struct WorkArgs {
     /// output; the greedy tokens must match too.
     #[arg(long, default_value_t = 2e-2)]
     pub tolerance: f64,
-    /// Noise gate threshold (share of the CPUs other processes may use).
+    /// Noise gate: reject and retake a run during which the busiest other process used more
+    /// than this share of one CPU, or all others more than this share of the machine (0..=1).
     #[arg(long, default_value_t = opledger_core::noise::DEFAULT_MAX_OTHERS)]
     pub noise_gate: f64,
+    /// Turn the noise gate off.
+    #[arg(long)]
+    pub no_noise_gate: bool,
 }
 
 impl WorkArgs {
@@ -74,6 +78,7 @@ impl WorkArgs {
             pairs,
             gate: opledger_core::noise::GateConfig {
                 max_others: self.noise_gate,
+                enabled: !self.no_noise_gate,
                 ..Default::default()
             },
             tolerance: Tolerance {

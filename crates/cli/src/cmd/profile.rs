@@ -46,8 +46,8 @@ pub struct ProfileArgs {
     /// one command and tabulate them side by side.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub parallel: Vec<u32>,
-    /// Noise gate: reject and retake a run while other processes used more than this share of
-    /// the machine's CPU time.
+    /// Noise gate: reject and retake a run during which the busiest other process used more
+    /// than this share of one CPU, or all others more than this share of the machine (0..=1).
     #[arg(long, default_value_t = opledger_core::noise::DEFAULT_MAX_OTHERS)]
     pub noise_gate: f64,
     /// Turn the noise gate off.
