@@ -76,6 +76,13 @@ pub struct ProfileRaw {
     pub outputs_checked_finite: bool,
 }
 
+impl ProfileRaw {
+    /// Reads a run's `raw.json`, refusing a newer or unknown schema version.
+    pub fn read(path: &std::path::Path) -> Result<ProfileRaw, crate::run_folder::RunFolderError> {
+        crate::run_folder::read_versioned(path, PROFILE_SCHEMA_VERSION)
+    }
+}
+
 /// The orders cycles rotate through: FUSED and FUSED-observed stay adjacent (their ratio is the
 /// overhead), and each mode takes each position.
 const ORDERS: [[Mode; 3]; 4] = [
@@ -94,10 +101,22 @@ pub fn measure(
     cfg: &ProfileConfig,
     progress: ProgressFn<'_>,
 ) -> Result<ProfileRaw, EngineError> {
+    measure_with(engine, cfg, progress, &mut |_| {})
+}
+
+/// [`measure`], with `on_graph` shown the captured graph before the warm-up and the measured
+/// cycles (to check a band file against it, say).
+pub fn measure_with(
+    engine: &mut dyn Engine,
+    cfg: &ProfileConfig,
+    progress: ProgressFn<'_>,
+    on_graph: &mut dyn FnMut(&[NodeInfo]),
+) -> Result<ProfileRaw, EngineError> {
     progress("filling context", 0, 1);
     engine.prepare(&cfg.work)?;
     progress("capturing graph", 0, 1);
     let graph = engine.graph()?;
+    on_graph(&graph);
     let mut hashes: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut note = |mode: Mode, h: u64| {
         let list = hashes.entry(mode.label().to_string()).or_default();

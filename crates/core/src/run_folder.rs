@@ -26,6 +26,12 @@ pub enum RunFolderError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{}: schema version {found} is not one this opledger reads (1 to {newest}): written by a newer opledger, or not an opledger file", .path.display())]
+    Version {
+        path: PathBuf,
+        found: String,
+        newest: u32,
+    },
     #[error("{}: invalid JSON", .path.display())]
     Json {
         path: PathBuf,
@@ -201,6 +207,33 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, RunFo
     })
 }
 
+/// Reads a schema-versioned JSON file of a run folder: its `schema_version` must be a version
+/// from 1 to `newest` (the version this opledger writes); a newer or unknown one is refused
+/// naming the file. A file without the field (written before it was recorded) is read as
+/// version 1.
+pub fn read_versioned<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    newest: u32,
+) -> Result<T, RunFolderError> {
+    let value: serde_json::Value = read_json(path)?;
+    if let Some(v) = value.get("schema_version") {
+        match v.as_u64() {
+            Some(n) if (1..=newest as u64).contains(&n) => {}
+            _ => {
+                return Err(RunFolderError::Version {
+                    path: path.to_path_buf(),
+                    found: v.to_string(),
+                    newest,
+                })
+            }
+        }
+    }
+    serde_json::from_value(value).map_err(|source| RunFolderError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// A fresh folder name under `base`: `<UTC time>-<kind>-<label>`, with `-2`, `-3`, ... appended
 /// if that name is taken.
 pub fn fresh_run_path(base: &Path, kind: &str, label: &str, utc_stamp: &str) -> PathBuf {
@@ -276,6 +309,34 @@ mod tests {
         f.write("a.txt", b"x").unwrap();
         f.finish().unwrap();
         assert!(s.join("a.txt").exists());
+    }
+
+    #[test]
+    fn a_newer_or_unknown_schema_version_is_refused_naming_the_file() {
+        #[derive(serde::Deserialize, Debug)]
+        struct V {
+            #[allow(dead_code)]
+            schema_version: Option<u32>,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("summary.json");
+        fs::write(&p, br#"{"schema_version": 2}"#).unwrap();
+        assert!(read_versioned::<V>(&p, 2).is_ok());
+        let e = read_versioned::<V>(&p, 1).unwrap_err().to_string();
+        assert!(
+            e.contains("summary.json") && e.contains("schema version 2") && e.contains("1 to 1"),
+            "{e}"
+        );
+        for bad in [r#"{"schema_version": 0}"#, r#"{"schema_version": "x"}"#] {
+            fs::write(&p, bad).unwrap();
+            assert!(matches!(
+                read_versioned::<V>(&p, 3),
+                Err(RunFolderError::Version { .. })
+            ));
+        }
+        // written before the field existed: read as version 1
+        fs::write(&p, br#"{}"#).unwrap();
+        assert!(read_versioned::<V>(&p, 1).is_ok());
     }
 
     #[test]

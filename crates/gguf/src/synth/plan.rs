@@ -205,7 +205,7 @@ pub fn plan_for(preset: &Preset, opts: &SynthOptions) -> Result<ModelPlan, Synth
     }
 
     let is_full = |il: u32| match preset.linear_attention {
-        Some(la) => (il + 1) % la.full_attention_interval.max(1) == 0,
+        Some(la) => (il + 1).is_multiple_of(la.full_attention_interval.max(1)),
         None => true,
     };
     let full_attention_layers: Vec<u32> = (0..layers).filter(|&il| is_full(il)).collect();
