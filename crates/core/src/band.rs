@@ -160,9 +160,10 @@ impl BandRules {
         self.bands.iter().map(|b| b.name.as_str()).collect()
     }
 
-    /// Refuses a rule set whose `architectures` does not name `arch`; `file` names it.
+    /// Refuses a rule set whose `architectures` does not name `arch` (or `*`, any); `file`
+    /// names it.
     pub fn check_arch(&self, arch: &str, file: &str) -> Result<(), RulesError> {
-        if self.architectures.iter().any(|a| a == arch) {
+        if self.architectures.iter().any(|a| a == arch || a == "*") {
             Ok(())
         } else {
             Err(RulesError::WrongArch {
