@@ -136,6 +136,9 @@ impl CandleEngine {
         )?;
         let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
         let rows = logits.to_vec2::<f32>()?;
+        for r in &rows {
+            opledger_core::engine::check_finite("a candle run", r)?;
+        }
         let hash = if p.work.all_logits {
             let mut h = 0u64;
             for r in &rows {

@@ -24,12 +24,15 @@ pub enum CandleError {
     Invalid(String),
     #[error("the graph changed between runs: {0}")]
     GraphChanged(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
 }
 
 impl From<CandleError> for EngineError {
     fn from(e: CandleError) -> EngineError {
         match e {
             CandleError::GraphChanged(why) => EngineError::GraphChanged(why),
+            CandleError::Engine(e) => e,
             other => EngineError::Failed(other.to_string()),
         }
     }

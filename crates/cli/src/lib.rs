@@ -3,5 +3,6 @@
 //! progress bars. Exposed as a library so the integration tests can drive the same wiring.
 
 pub mod cmd;
+pub mod exit;
 pub mod model_file;
 pub mod progress;

@@ -60,8 +60,9 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
+            let (code, words) = opledger::exit::of_error(&e);
+            eprintln!("{words}");
+            ExitCode::from(code)
         }
     }
 }

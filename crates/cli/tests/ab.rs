@@ -26,8 +26,7 @@ fn ab(model: &std::path::Path, a: &str, b: &str, extra: &[&str]) -> (i32, serde_
             "4",
             "-t",
             "2",
-            "--noise-gate",
-            "1",
+            "--no-noise-gate",
             "--json",
             "--a",
             a,
@@ -73,7 +72,11 @@ fn the_same_configuration_returns_bit_identical_output() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let (code, r) = ab(&model, "threads=2", "threads=2,flash_attn=auto", &[]);
-    assert_eq!(code, 0, "{r}");
+    // the same configuration is never refused; whether its A/A control stayed within ±2 %
+    // depends on how quiet the machine was (a test must not assume it): inconclusive exits 5,
+    // and the exit code must say what the JSON says
+    let expected = if r["verdict"] == "inconclusive" { 5 } else { 0 };
+    assert_eq!(code, expected, "{r}");
     let c = &r["scenarios"][0]["correctness"];
     assert_eq!(c["passed"], true);
     assert_eq!(c["max_rel_error"].as_f64().unwrap(), 0.0, "{c}");

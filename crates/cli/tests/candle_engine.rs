@@ -290,7 +290,9 @@ fn profile_and_check(
         "FUSED, FUSED-observed and TIMED runs computed different logits"
     );
     for c in &summary.checks {
-        if c.name != "agreement" && c.name != "overhead" && c.name != "cycles" {
+        // agreement, overhead and cycles are goals a tiny run may miss; noise says whether
+        // other processes ran meanwhile, and a test must not assume the machine is quiet
+        if !["agreement", "overhead", "cycles", "noise"].contains(&c.name.as_str()) {
             assert_eq!(c.status, CheckStatus::Pass, "{}: {}", c.name, c.detail);
         }
     }

@@ -142,3 +142,42 @@ fn chosen_formats_go_to_a_folder_and_stdout_takes_one() {
         .code(2);
     assert!(!none.exists());
 }
+
+#[test]
+fn an_ab_whose_control_moved_is_inconclusive_in_every_format_and_exits_5() {
+    use opledger_core::ab::{Outcome, Verdict};
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = fixture::ab_report();
+    // the prefill scenario's A against itself moved by 6 %: its "faster" cannot stand
+    r.scenarios[0].control_ratio = 0.94;
+    r.scenarios[0].control_lo = 0.92;
+    r.scenarios[0].control_hi = 0.96;
+    r.scenarios[0].control_verdict = Verdict::Faster;
+    r.scenarios[0].verdict = Verdict::Inconclusive;
+    r.verdict = Outcome::of(&r.scenarios);
+    assert_eq!(r.verdict, Outcome::Inconclusive);
+    let run = dir.path().join("ab");
+    let f = opledger_core::run_folder::RunFolder::create(&run).unwrap();
+    f.write_json("manifest.json", &fixture::manifest("ab"))
+        .unwrap();
+    f.write_json("ab.json", &r).unwrap();
+    f.finish().unwrap();
+    let render = |format: &str| {
+        let out = opledger()
+            .args(["report", "--format", format])
+            .arg(&run)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(5), "{format}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json: serde_json::Value = serde_json::from_str(&render("json")).unwrap();
+    assert_eq!(json["verdict"], "inconclusive");
+    assert_eq!(json["scenarios"][0]["verdict"], "inconclusive");
+    let html = render("html");
+    assert!(
+        html.contains("banner fail\">verdict: inconclusive"),
+        "the HTML banner does not say inconclusive"
+    );
+    assert!(render("text").contains("verdict: inconclusive"));
+}

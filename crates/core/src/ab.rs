@@ -225,6 +225,10 @@ pub enum Verdict {
     NoChange,
     /// The interval straddles a threshold: the noise does not allow a verdict.
     WithinNoise,
+    /// The A/A control moved: A against itself did not stay within ±min_effect, so the noise
+    /// of this scenario is larger than the smallest effect a verdict may claim, whatever B's
+    /// interval says.
+    Inconclusive,
 }
 
 impl Verdict {
@@ -239,6 +243,104 @@ impl Verdict {
             Verdict::WithinNoise
         }
     }
+
+    /// The verdict of a scenario: B's interval judged as [`Verdict::of`], unless the control (A's
+    /// two halves against each other, judged the same way) is anything but [`Verdict::NoChange`]:
+    /// then the noise exceeds the threshold and no verdict stands.
+    pub fn of_scenario(lo: f64, hi: f64, control: Verdict, min_effect: f64) -> Verdict {
+        if control != Verdict::NoChange {
+            Verdict::Inconclusive
+        } else {
+            Verdict::of(lo, hi, min_effect)
+        }
+    }
+}
+
+/// The overall verdict of an A/B over its scenarios.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// A scenario failed the correctness gate: B changes the model's output.
+    Refused,
+    /// A scenario's control moved: the noise was larger than the threshold.
+    Inconclusive,
+    /// Faster in every scenario.
+    Faster,
+    /// Slower in at least one scenario.
+    Slower,
+    /// Faster in some scenarios, no worse in the others.
+    FasterInSome,
+    /// No change beyond the noise.
+    NoChange,
+}
+
+impl Outcome {
+    /// The overall verdict: refused before inconclusive (a changed output makes speed moot),
+    /// inconclusive before any speed claim.
+    pub fn of(scenarios: &[ScenarioResult]) -> Outcome {
+        if scenarios.iter().any(|s| !s.correctness.passed) {
+            return Outcome::Refused;
+        }
+        let verdicts: Vec<Verdict> = scenarios.iter().map(|s| s.verdict).collect();
+        if verdicts.contains(&Verdict::Inconclusive) {
+            Outcome::Inconclusive
+        } else if !verdicts.is_empty() && verdicts.iter().all(|v| *v == Verdict::Faster) {
+            Outcome::Faster
+        } else if verdicts.contains(&Verdict::Slower) {
+            Outcome::Slower
+        } else if verdicts.contains(&Verdict::Faster) {
+            Outcome::FasterInSome
+        } else {
+            Outcome::NoChange
+        }
+    }
+
+    /// The verdict in words.
+    pub fn words(self) -> &'static str {
+        match self {
+            Outcome::Refused => "refused: the model's output changed beyond the tolerance",
+            Outcome::Inconclusive => {
+                "inconclusive: the A/A control moved (the noise exceeds the threshold)"
+            }
+            Outcome::Faster => "faster in every scenario",
+            Outcome::Slower => "slower in at least one scenario",
+            Outcome::FasterInSome => "faster in some scenarios, no worse in the others",
+            Outcome::NoChange => "no change beyond the noise",
+        }
+    }
+
+    /// The name `ab.json` stores (version 2).
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Refused => "refused",
+            Outcome::Inconclusive => "inconclusive",
+            Outcome::Faster => "faster",
+            Outcome::Slower => "slower",
+            Outcome::FasterInSome => "faster_in_some",
+            Outcome::NoChange => "no_change",
+        }
+    }
+
+    /// Reads the verdict of an `ab.json` of either version: version 2's names, or the exact
+    /// sentences version 1 wrote (see [`AbReport::upgrade`]).
+    fn from_stored(s: &str) -> Option<Outcome> {
+        [
+            Outcome::Refused,
+            Outcome::Inconclusive,
+            Outcome::Faster,
+            Outcome::Slower,
+            Outcome::FasterInSome,
+            Outcome::NoChange,
+        ]
+        .into_iter()
+        .find(|o| o.name() == s || o.words() == s)
+    }
+}
+
+fn outcome_v1_or_v2<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Outcome, D::Error> {
+    let s = String::deserialize(d)?;
+    Outcome::from_stored(&s)
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown A/B verdict '{s}'")))
 }
 
 /// Ratio of medians B / A with a percentile bootstrap confidence interval (95 %), resampling
@@ -464,7 +566,12 @@ pub fn run_ab(
             ratio,
             ratio_lo: lo,
             ratio_hi: hi,
-            verdict: Verdict::of(lo, hi, cfg.min_effect),
+            verdict: Verdict::of_scenario(
+                lo,
+                hi,
+                Verdict::of(c_lo, c_hi, cfg.min_effect),
+                cfg.min_effect,
+            ),
             control_ratio: c_ratio,
             control_lo: c_lo,
             control_hi: c_hi,
@@ -480,8 +587,9 @@ pub fn run_ab(
     Ok(out)
 }
 
-/// Version of `ab.json`; bumped on any incompatible change.
-pub const AB_SCHEMA_VERSION: u32 = 1;
+/// Version of `ab.json`; bumped on any incompatible change. 2: the overall verdict is a name
+/// ([`Outcome`]) and a scenario whose control moved is `inconclusive`.
+pub const AB_SCHEMA_VERSION: u32 = 2;
 
 /// One A/B with its ablations: the `ab.json` of an `ab` run folder.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -495,8 +603,26 @@ pub struct AbReport {
     pub scenarios: Vec<ScenarioResult>,
     /// B with one changed knob turned back off, against A, on the first scenario.
     pub ablations: Vec<Ablation>,
-    /// The overall verdict: `refused` when any scenario failed the correctness gate.
-    pub verdict: String,
+    /// The overall verdict ([`Outcome::of`] the scenarios).
+    #[serde(deserialize_with = "outcome_v1_or_v2")]
+    pub verdict: Outcome,
+}
+
+impl AbReport {
+    /// Brings a report read from an older `ab.json` to this version's rules: a version 1 file
+    /// judged a scenario without its control, so every scenario verdict is judged again from
+    /// its stored intervals and the overall verdict follows from them.
+    pub fn upgrade(&mut self) {
+        if self.schema_version < 2 {
+            let min_effect = self.config.min_effect;
+            for s in &mut self.scenarios {
+                s.verdict =
+                    Verdict::of_scenario(s.ratio_lo, s.ratio_hi, s.control_verdict, min_effect);
+            }
+            self.verdict = Outcome::of(&self.scenarios);
+            self.schema_version = AB_SCHEMA_VERSION;
+        }
+    }
 }
 
 fn ab_schema_v1() -> u32 {
@@ -620,6 +746,147 @@ mod tests {
         let c = vec![vec![1.0f32, 5.0, 5.1]];
         let other = compare_logits(&a, &c, &tol);
         assert!(!other.passed && other.same_top1 == 0);
+    }
+
+    fn scenario(verdict: Verdict, control: Verdict, passed: bool) -> ScenarioResult {
+        ScenarioResult {
+            work: Work::prefill(8, 0),
+            a_ms: vec![1.0; 4],
+            b_ms: vec![1.0; 4],
+            ratio: 1.0,
+            ratio_lo: 1.0,
+            ratio_hi: 1.0,
+            verdict,
+            control_ratio: 1.0,
+            control_lo: 1.0,
+            control_hi: 1.0,
+            control_verdict: control,
+            correctness: Correctness {
+                rows: 1,
+                same_top1: passed as u32,
+                max_rel_error: 0.0,
+                min_cosine: 1.0,
+                passed,
+            },
+            ledger: Vec::new(),
+            gate: GateStats::default(),
+        }
+    }
+
+    #[test]
+    fn a_control_that_moved_makes_the_verdict_inconclusive() {
+        // B's interval is far below 0.98, but A against itself moved by 10 %: no verdict
+        assert_eq!(
+            Verdict::of_scenario(0.50, 0.55, Verdict::Slower, 0.02),
+            Verdict::Inconclusive
+        );
+        // a control straddling its threshold cannot bound the noise either
+        assert_eq!(
+            Verdict::of_scenario(0.50, 0.55, Verdict::WithinNoise, 0.02),
+            Verdict::Inconclusive
+        );
+        assert_eq!(
+            Verdict::of_scenario(0.50, 0.55, Verdict::NoChange, 0.02),
+            Verdict::Faster
+        );
+        // one inconclusive scenario makes the whole A/B inconclusive; a refused one wins
+        let faster = scenario(Verdict::Faster, Verdict::NoChange, true);
+        let moved = scenario(Verdict::Inconclusive, Verdict::Faster, true);
+        assert_eq!(Outcome::of(std::slice::from_ref(&faster)), Outcome::Faster);
+        assert_eq!(
+            Outcome::of(&[faster.clone(), moved.clone()]),
+            Outcome::Inconclusive
+        );
+        let changed = scenario(Verdict::Faster, Verdict::NoChange, false);
+        assert_eq!(Outcome::of(&[moved, changed]), Outcome::Refused);
+        let noise = scenario(Verdict::WithinNoise, Verdict::NoChange, true);
+        assert_eq!(
+            Outcome::of(&[faster.clone(), noise.clone()]),
+            Outcome::FasterInSome
+        );
+        assert_eq!(Outcome::of(&[noise]), Outcome::NoChange);
+    }
+
+    #[test]
+    fn ab_with_a_moving_control_is_inconclusive_not_faster() {
+        use crate::arch::tests::qwen35moe_md;
+        use crate::mock::{MockEngine, MockNode};
+        const NODES: [MockNode; 2] = [
+            ("MUL_MAT", "Qcur_full-3", "blk.3.attn_q.weight", 500.0),
+            ("ADD", "l_out-3", "", 500.0),
+        ];
+        // A alternates 1.0 and 1.5 (runs: warm-up, then one per pair): its even-numbered runs
+        // all 1.5, its odd ones 1.0, so A against itself is 0.67; B is twice as fast
+        let mut a = MockEngine::new(&NODES);
+        a.noise = vec![1.0, 1.5];
+        let mut b = MockEngine::new(&NODES);
+        b.fused_factor = 0.5;
+        let cfg = AbConfig {
+            scenarios: vec![Work::prefill(8, 0)],
+            pairs: 8,
+            gate: GateConfig {
+                enabled: false,
+                ..GateConfig::default()
+            },
+            tolerance: Tolerance::default(),
+            min_effect: 0.02,
+            resamples: 200,
+            seed: 1,
+        };
+        let rules = BandRules::builtin("qwen35moe").unwrap();
+        let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+        let r = run_ab(&mut a, &mut b, &cfg, &rules, &arch, &mut |_, _, _| {}).unwrap();
+        let s = &r[0];
+        assert_eq!(
+            s.a_ms.iter().step_by(2).copied().collect::<Vec<_>>(),
+            [1.5; 4]
+        );
+        assert!(
+            (s.control_ratio - 1.0 / 1.5).abs() < 1e-12,
+            "{}",
+            s.control_ratio
+        );
+        assert_eq!(s.control_verdict, Verdict::Faster);
+        // B/A is 0.5 / 1.25 = 0.4: the old verdict said "faster"
+        assert!(s.ratio_hi < 0.98, "{}", s.ratio_hi);
+        assert_eq!(s.verdict, Verdict::Inconclusive);
+        assert_eq!(Outcome::of(&r), Outcome::Inconclusive);
+    }
+
+    #[test]
+    fn a_version_1_report_is_judged_again_with_its_control() {
+        let mut r = AbReport {
+            schema_version: 1,
+            a: Knobs::default(),
+            b: "threads=1".parse().unwrap(),
+            config: AbConfig {
+                scenarios: vec![Work::prefill(8, 0)],
+                pairs: 8,
+                gate: GateConfig::default(),
+                tolerance: Tolerance::default(),
+                min_effect: 0.02,
+                resamples: 10,
+                seed: 0,
+            },
+            scenarios: vec![ScenarioResult {
+                ratio_lo: 0.5,
+                ratio_hi: 0.6,
+                ..scenario(Verdict::Faster, Verdict::Slower, true)
+            }],
+            ablations: Vec::new(),
+            verdict: Outcome::Faster,
+        };
+        let mut v = serde_json::to_value(&r).unwrap();
+        // version 1 stored the sentence
+        v["verdict"] = "faster in every scenario".into();
+        let back: AbReport = serde_json::from_value(v).unwrap();
+        assert_eq!(back.verdict, Outcome::Faster);
+        r.upgrade();
+        assert_eq!(r.scenarios[0].verdict, Verdict::Inconclusive);
+        assert_eq!(r.verdict, Outcome::Inconclusive);
+        assert_eq!(r.schema_version, AB_SCHEMA_VERSION);
+        let bad = serde_json::json!("faster-ish");
+        assert!(outcome_v1_or_v2(bad).is_err());
     }
 
     #[test]

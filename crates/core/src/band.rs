@@ -96,6 +96,12 @@ pub enum RulesError {
     },
     #[error("{file}: extends '{base}', but the only rule set a file can extend is 'generic'")]
     UnknownBase { file: String, base: String },
+    #[error("{file}: the rule set is for {listed:?}, not for the model's architecture '{arch}' (add it to `architectures` if the rules fit)")]
+    WrongArch {
+        file: String,
+        arch: String,
+        listed: Vec<String>,
+    },
 }
 
 impl BandRules {
@@ -118,6 +124,15 @@ impl BandRules {
         };
         rules.check(file)?;
         Ok(rules)
+    }
+
+    /// A rule set as its file writes it, not merged onto what it extends: the keys its author
+    /// wrote (for [`BandRules::unmatched_keys`]).
+    pub fn parse_unmerged(text: &str, file: &str) -> Result<BandRules, RulesError> {
+        toml::from_str(text).map_err(|e| RulesError::Parse {
+            file: file.to_string(),
+            source: Box::new(e),
+        })
     }
 
     /// The generic rule set.
@@ -263,6 +278,66 @@ impl BandRules {
             .map(|b| b.name.clone())
             .filter(|b| assignments.iter().any(|a| &a.band == b))
             .collect()
+    }
+
+    /// Refuses a rule set whose `architectures` does not name `arch` (or `*`, any); `file`
+    /// names it.
+    pub fn check_arch(&self, arch: &str, file: &str) -> Result<(), RulesError> {
+        if self.applies_to(arch) {
+            Ok(())
+        } else {
+            Err(RulesError::WrongArch {
+                file: file.to_string(),
+                arch: arch.to_string(),
+                listed: self.architectures.clone(),
+            })
+        }
+    }
+
+    /// The keys of this rule set that match nothing in `graph`, as `section.key` (`op.ROPE`,
+    /// `weight.attn_qkv`, `name_by_layer.full_attention.Qcur`, `follow_consumer.norm`): op keys
+    /// no node's op is, weight keys no node's weight token is, name keys no node's name token
+    /// is (the signals the categoriser reads; a layer-kind key counts as matched when any node
+    /// has the token). Such a key is most likely a typo, found before measuring instead of as a
+    /// coverage failure after.
+    pub fn unmatched_keys(&self, graph: &[NodeInfo]) -> Vec<String> {
+        use std::collections::BTreeSet;
+        let ops: BTreeSet<&str> = graph.iter().map(|n| n.op.as_str()).collect();
+        let weights: BTreeSet<&str> = graph
+            .iter()
+            .filter_map(|n| n.weight())
+            .map(|w| weight_token(&w.name))
+            .collect();
+        let names: BTreeSet<&str> = graph.iter().map(|n| n.base_name()).collect();
+        let mut out = Vec::new();
+        let mut check = |section: String, key: &str, seen: &BTreeSet<&str>| {
+            if !seen.contains(key) {
+                out.push(format!("{section}.{key}"));
+            }
+        };
+        for k in self.op.keys() {
+            check("op".into(), k, &ops);
+        }
+        for k in self.weight.keys() {
+            check("weight".into(), k, &weights);
+        }
+        for (kind, m) in &self.weight_by_layer {
+            for k in m.keys() {
+                check(format!("weight_by_layer.{}", kind.as_str()), k, &weights);
+            }
+        }
+        for k in self.name.keys() {
+            check("name".into(), k, &names);
+        }
+        for (kind, m) in &self.name_by_layer {
+            for k in m.keys() {
+                check(format!("name_by_layer.{}", kind.as_str()), k, &names);
+            }
+        }
+        for k in &self.follow_consumer {
+            check("follow_consumer".into(), k, &names);
+        }
+        out
     }
 }
 
@@ -595,6 +670,59 @@ MUL_MAT_ID = "mooe"
             msg.contains("mine.toml") && msg.contains("op.MUL_MAT_ID") && msg.contains("mooe"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn band_file_keys_that_match_nothing_in_the_graph_are_listed() {
+        let text = r#"
+architectures = ["qwen35moe"]
+bands = [{ name = "moe", description = "" }, { name = "other", description = "" }]
+follow_consumer = ["norm", "nrom"]
+[op]
+MUL_MAT_ID = "moe"
+MUL_MAT_IDD = "moe"
+[weight]
+ffn_gate_exps = "moe"
+ffn_gate_exp = "moe"
+[name]
+l_out = "other"
+l_outt = "other"
+[name_by_layer.full_attention]
+ffn_moe_probs = "moe"
+"#;
+        let rules = BandRules::parse(text, "mine.toml").unwrap();
+        let graph = vec![
+            node(
+                0,
+                "MUL_MAT_ID",
+                "ffn_moe_gate-3",
+                vec![t("blk.3.ffn_gate_exps.weight", true, None)],
+            ),
+            node(
+                1,
+                "ADD",
+                "l_out-3",
+                vec![t("ffn_moe_gate-3", false, Some(0))],
+            ),
+            node(2, "RMS_NORM", "norm-3", vec![]),
+        ];
+        assert_eq!(
+            rules.unmatched_keys(&graph),
+            [
+                "op.MUL_MAT_IDD",
+                "weight.ffn_gate_exp",
+                "name.l_outt",
+                "name_by_layer.full_attention.ffn_moe_probs",
+                "follow_consumer.nrom"
+            ]
+        );
+        // the architecture must be named
+        assert!(rules.check_arch("qwen35moe", "mine.toml").is_ok());
+        let e = rules
+            .check_arch("llama", "mine.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mine.toml") && e.contains("'llama'"), "{e}");
     }
 
     #[test]

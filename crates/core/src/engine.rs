@@ -117,6 +117,30 @@ pub enum EngineError {
     GraphChanged(String),
     #[error("{what} is not supported by this engine: {why}")]
     Unsupported { what: String, why: String },
+    /// The check "outputs finite": a run returned NaN or infinite logits. Timing NaN arithmetic
+    /// is not timing the model, so the measurement stops at the first such run.
+    #[error("outputs finite: {what} returned {non_finite} non-finite logits (NaN or infinite) of {values}; the model computes NaN or infinity, and timing that would not time the model")]
+    NonFiniteOutputs {
+        what: String,
+        non_finite: u64,
+        values: u64,
+    },
+}
+
+/// The check "outputs finite" on one row of a run's logits, which every engine applies to every
+/// row it hashes (the hash alone is blind to NaN: NaN logits hash the same in every mode).
+/// `what` names the run (`the timed run`, `decode step 3 of the fused run`).
+pub fn check_finite(what: &str, logits: &[f32]) -> Result<(), EngineError> {
+    let non_finite = logits.iter().filter(|v| !v.is_finite()).count();
+    if non_finite == 0 {
+        Ok(())
+    } else {
+        Err(EngineError::NonFiniteOutputs {
+            what: what.to_string(),
+            non_finite: non_finite as u64,
+            values: logits.len() as u64,
+        })
+    }
 }
 
 /// An inference engine that can decode a chunk at a depth and report its nodes.
@@ -136,6 +160,10 @@ pub trait Engine {
 
     /// The logits of the last run's requested outputs: the last token of a prefill chunk, one
     /// row per sequence of a decode run's last step.
+    ///
+    /// Every run ([`Engine::run`], [`Engine::replay`], [`Engine::pass_chunk`]) applies
+    /// [`check_finite`] to the logits it hashes and fails with
+    /// [`EngineError::NonFiniteOutputs`] when one is NaN or infinite.
     fn logits(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
         Err(EngineError::Unsupported {
             what: "reading logits".into(),

@@ -39,6 +39,11 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// Reads a run's `manifest.json`, refusing a newer or unknown schema version.
+    pub fn read(path: &std::path::Path) -> Result<Manifest, crate::run_folder::RunFolderError> {
+        crate::run_folder::read_versioned(path, MANIFEST_SCHEMA_VERSION)
+    }
+
     /// A short label of the model for headings: the file name.
     pub fn model_label(&self) -> &str {
         std::path::Path::new(&self.model.path)

@@ -25,6 +25,8 @@ pub struct MockEngine {
     pub noise: Vec<f64>,
     /// What [`Engine::isolation_cost_us`] reports (`None`: no calibration).
     pub calibration_us: Option<f64>,
+    /// The logits every run returns (one row per requested output).
+    pub logits: Vec<f32>,
     runs: usize,
     prepared: Option<Work>,
 }
@@ -89,6 +91,7 @@ impl MockEngine {
             observed_factor: 1.0,
             noise: vec![1.0],
             calibration_us: None,
+            logits: vec![0.5, 2.0, -1.0],
             runs: 0,
             prepared: None,
         }
@@ -128,10 +131,20 @@ impl Engine for MockEngine {
         Ok(self.calibration_us)
     }
 
+    fn logits(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
+        let rows = match &self.prepared {
+            Some(w) if w.is_decode() => w.parallel.max(1) as usize,
+            Some(_) => 1,
+            None => return Err(EngineError::Failed("logits() before prepare()".into())),
+        };
+        Ok(vec![self.logits.clone(); rows])
+    }
+
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
         if self.prepared.is_none() {
             return Err(EngineError::Failed("run() before prepare()".into()));
         }
+        crate::engine::check_finite(&format!("the mock's {} run", mode.label()), &self.logits)?;
         let noise = self.noise();
         // a decode run sums its steps, each step costing the same
         let steps = self

@@ -70,6 +70,17 @@ pub struct ProfileRaw {
     /// What the noise gate rejected and kept.
     #[serde(default)]
     pub gate: crate::noise::GateStats,
+    /// Every run's logits were checked finite (the engine fails a run whose logits are NaN or
+    /// infinite, and the measurement stops there); false in files written before the check.
+    #[serde(default)]
+    pub outputs_checked_finite: bool,
+}
+
+impl ProfileRaw {
+    /// Reads a run's `raw.json`, refusing a newer or unknown schema version.
+    pub fn read(path: &std::path::Path) -> Result<ProfileRaw, crate::run_folder::RunFolderError> {
+        crate::run_folder::read_versioned(path, PROFILE_SCHEMA_VERSION)
+    }
 }
 
 /// The orders cycles rotate through: FUSED and FUSED-observed stay adjacent (their ratio is the
@@ -90,10 +101,22 @@ pub fn measure(
     cfg: &ProfileConfig,
     progress: ProgressFn<'_>,
 ) -> Result<ProfileRaw, EngineError> {
+    measure_with(engine, cfg, progress, &mut |_| {})
+}
+
+/// [`measure`], with `on_graph` shown the captured graph before the warm-up and the measured
+/// cycles (to check a band file against it, say).
+pub fn measure_with(
+    engine: &mut dyn Engine,
+    cfg: &ProfileConfig,
+    progress: ProgressFn<'_>,
+    on_graph: &mut dyn FnMut(&[NodeInfo]),
+) -> Result<ProfileRaw, EngineError> {
     progress("filling context", 0, 1);
     engine.prepare(&cfg.work)?;
     progress("capturing graph", 0, 1);
     let graph = engine.graph()?;
+    on_graph(&graph);
     let mut hashes: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut note = |mode: Mode, h: u64| {
         let list = hashes.entry(mode.label().to_string()).or_default();
@@ -172,6 +195,7 @@ pub fn measure(
         output_hashes: hashes,
         overhead_pairs,
         gate,
+        outputs_checked_finite: true,
     })
 }
 
@@ -179,22 +203,23 @@ pub fn measure(
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BandRow {
     pub band: String,
-    /// TIMED share x FUSED wall / tokens (medians over cycles).
+    /// The median over cycles of the per-cycle value (the band's share of that cycle's TIMED
+    /// sum x that cycle's FUSED wall / tokens): one estimator for the point and its range.
     pub ms_per_token: f64,
-    /// Range of the per-cycle values of the same formula.
+    /// Range (min..max) of the same per-cycle values.
     pub ms_per_token_min: f64,
     pub ms_per_token_max: f64,
-    /// Share of the TIMED sum.
+    /// This band's ms/token over the sum of every band's (the shares add up to 1).
     pub share: f64,
     /// Nodes in the band, views included.
     pub nodes: u32,
     /// Nodes in the band that do work (views and nodes the backend skips excluded).
     pub working_nodes: u32,
-    /// The band's median TIMED milliseconds for the whole chunk.
+    /// The band's median over cycles of its TIMED milliseconds for the whole chunk.
     pub timed_ms: f64,
-    /// The same formula after removing the isolation cost (see
+    /// The same estimator after removing the isolation cost (see
     /// [`ProfileSummary::isolation_us`]) from every node: what matters in decode, where a node's
-    /// work is small beside its isolation.
+    /// work is small beside its isolation; `share_corrected` is its share of the corrected sum.
     pub ms_per_token_corrected: f64,
     pub share_corrected: f64,
 }
@@ -266,7 +291,8 @@ pub struct ProfileSummary {
     /// Generated tokens per sequence in decode mode (0: a prefill chunk), and sequences.
     pub decode_tokens: u32,
     pub parallel: u32,
-    /// Share of TIMED time in a band other than `unassigned`.
+    /// 1 - the `unassigned` band's ms/token over the sum of every band's: the share of the TIMED
+    /// time that landed in a band.
     pub coverage: f64,
     /// Median over interleaved pairs (one per cycle, plus any extra pairs) of
     /// FUSED-with-instrument / FUSED.
@@ -369,12 +395,6 @@ pub fn summarise(
     }
     let isolation = sample(&isolation, "isolation cost")?;
     let isolation_idle = sample(&isolation_idle, "isolation cost")?;
-    let corrected_med: Vec<f64> = (0..n)
-        .map(|i| {
-            let col: Vec<f64> = corrected.iter().map(|c| c[i]).collect();
-            crate::stats::median(&col).unwrap_or(0.0)
-        })
-        .collect();
     let agreement_corrected = sample(
         &raw.cycles
             .iter()
@@ -384,15 +404,13 @@ pub fn summarise(
         "corrected agreement",
     )?;
 
-    // per-node medians over cycles
-    let mut node_med = Vec::with_capacity(n);
-    let mut column = Vec::with_capacity(raw.cycles.len());
+    // every node's TIMED times must be finite (the per-cycle estimates below sum them)
     for i in 0..n {
-        column.clear();
-        column.extend(raw.cycles.iter().map(|c| c.node_us[i]));
-        node_med.push(sample(&column, "node times")?.median());
+        sample(
+            &raw.cycles.iter().map(|c| c.node_us[i]).collect::<Vec<_>>(),
+            "node times",
+        )?;
     }
-    let total_us: f64 = node_med.iter().sum();
 
     let fused = sample(
         &raw.cycles.iter().map(|c| c.fused_ms).collect::<Vec<_>>(),
@@ -449,60 +467,72 @@ pub fn summarise(
     if assignments.iter().any(|a| a.band == UNASSIGNED) {
         band_order.push(UNASSIGNED.to_string());
     }
-    let share_of = |members: &dyn Fn(usize) -> bool, times: &[f64]| -> f64 {
-        let sum: f64 = times.iter().sum();
-        if sum <= 0.0 {
-            return 0.0;
-        }
-        (0..n)
-            .filter(|&i| members(i))
-            .map(|i| times[i])
-            .sum::<f64>()
-            / sum
-    };
-    let mut bands = Vec::new();
+    // One estimator for every ms/token figure: its per-cycle values (the group's share of that
+    // cycle's TIMED sum x that cycle's FUSED wall / tokens), the median of them the point and
+    // their min..max the range, so the point always lies in its range. A share is a figure's
+    // point over the sum of the points it is a share of.
+    let raw_times: Vec<&[f64]> = raw.cycles.iter().map(|c| c.node_us.as_slice()).collect();
+    let corrected_times: Vec<&[f64]> = corrected.iter().map(Vec::as_slice).collect();
+    let fused_walls: Vec<f64> = raw.cycles.iter().map(|c| c.fused_ms).collect();
+    let estimate =
+        |member: &dyn Fn(usize) -> bool, times: &[&[f64]]| -> Result<Sample, SummaryError> {
+            sample(
+                &per_cycle_ms_per_token(times, &fused_walls, tok, &membership(member)),
+                "band times",
+            )
+        };
+    struct Estimated {
+        band: String,
+        raw: Sample,
+        corrected: Sample,
+        timed: Sample,
+    }
+    let mut estimated = Vec::with_capacity(band_order.len());
     for band in &band_order {
         let member = |i: usize| assignments[i].band == *band;
-        let share = share_of(&member, &node_med);
-        let per_cycle: Vec<f64> = raw
-            .cycles
+        let timed: Vec<f64> = raw_times
             .iter()
-            .map(|c| share_of(&member, &c.node_us) * c.fused_ms / tok)
+            .map(|t| (0..n).filter(|&i| member(i)).map(|i| t[i]).sum::<f64>() / 1e3)
             .collect();
-        let per_cycle = sample(&per_cycle, "band times")?;
-        let nodes = (0..n).filter(|&i| member(i)).count() as u32;
-        let working = (0..n)
-            .filter(|&i| member(i) && raw.graph[i].is_working())
-            .count() as u32;
-        let share_corrected = share_of(&member, &corrected_med);
-        bands.push(BandRow {
+        estimated.push(Estimated {
             band: band.clone(),
-            ms_per_token_corrected: share_corrected * fused.median() / tok,
-            share_corrected,
-            ms_per_token: share * fused.median() / tok,
-            ms_per_token_min: per_cycle.min(),
-            ms_per_token_max: per_cycle.max(),
-            share,
-            nodes,
-            working_nodes: working,
-            timed_ms: (0..n)
-                .filter(|&i| member(i))
-                .map(|i| node_med[i])
-                .sum::<f64>()
-                / 1e3,
+            raw: estimate(&member, &raw_times)?,
+            corrected: estimate(&member, &corrected_times)?,
+            timed: sample(&timed, "band times")?,
         });
     }
-    let unassigned_us: f64 = (0..n)
-        .filter(|&i| assignments[i].band == UNASSIGNED)
-        .map(|i| node_med[i])
-        .sum();
-    let coverage = if total_us > 0.0 {
-        (total_us - unassigned_us) / total_us
+    let points: f64 = estimated.iter().map(|e| e.raw.median()).sum();
+    let points_corrected: f64 = estimated.iter().map(|e| e.corrected.median()).sum();
+    let share = |x: f64, of: f64| if of > 0.0 { x / of } else { 0.0 };
+    let mut bands = Vec::with_capacity(estimated.len());
+    for e in &estimated {
+        let member = |i: usize| assignments[i].band == e.band;
+        bands.push(BandRow {
+            band: e.band.clone(),
+            ms_per_token: e.raw.median(),
+            ms_per_token_min: e.raw.min(),
+            ms_per_token_max: e.raw.max(),
+            share: share(e.raw.median(), points),
+            nodes: (0..n).filter(|&i| member(i)).count() as u32,
+            working_nodes: (0..n)
+                .filter(|&i| member(i) && raw.graph[i].is_working())
+                .count() as u32,
+            timed_ms: e.timed.median(),
+            ms_per_token_corrected: e.corrected.median(),
+            share_corrected: share(e.corrected.median(), points_corrected),
+        });
+    }
+    let unassigned_ms = bands
+        .iter()
+        .find(|b| b.band == UNASSIGNED)
+        .map_or(0.0, |b| b.ms_per_token);
+    let coverage = if points > 0.0 {
+        1.0 - unassigned_ms / points
     } else {
         0.0
     };
 
-    let contents = |band: &str| -> Vec<NameRow> {
+    let contents = |band: &str| -> Result<Vec<NameRow>, SummaryError> {
         let mut rows: BTreeMap<String, NameRow> = BTreeMap::new();
         for i in (0..n).filter(|&i| assignments[i].band == band) {
             let node = &raw.graph[i];
@@ -516,13 +546,15 @@ pub fn summarise(
             if !row.ops.contains(&node.op) {
                 row.ops.push(node.op.clone());
             }
-            if total_us > 0.0 {
-                row.ms_per_token += node_med[i] / total_us * fused.median() / tok;
-            }
         }
         let mut rows: Vec<NameRow> = rows.into_values().collect();
+        for row in &mut rows {
+            let member =
+                |i: usize| assignments[i].band == band && raw.graph[i].base_name() == row.name;
+            row.ms_per_token = estimate(&member, &raw_times)?.median();
+        }
         rows.sort_by(|a, b| b.ms_per_token.total_cmp(&a.ms_per_token));
-        rows
+        Ok(rows)
     };
 
     let identical = raw
@@ -535,7 +567,7 @@ pub fn summarise(
     let mut checks = vec![
         Check {
             name: "coverage".into(),
-            status: if unassigned_us == 0.0 && coverage >= 1.0 {
+            status: if unassigned_ms == 0.0 && coverage >= 1.0 {
                 CheckStatus::Pass
             } else {
                 CheckStatus::Fail
@@ -597,6 +629,20 @@ pub fn summarise(
                 "runs returned different logits".into()
             },
         },
+        Check {
+            name: "finite".into(),
+            status: if raw.outputs_checked_finite {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Warn
+            },
+            detail: if raw.outputs_checked_finite {
+                "every run of every mode returned finite logits (a NaN or infinite logit stops the measurement, exit 3)".into()
+            } else {
+                "not checked: the run was recorded before logits were checked for NaN and infinity"
+                    .into()
+            },
+        },
     ];
     checks.push(Check {
         name: "noise".into(),
@@ -606,9 +652,11 @@ pub fn summarise(
             CheckStatus::Warn
         },
         detail: format!(
-            "{} runs rejected and retaken because other processes used the CPUs; {} kept although still noisy (others used up to {:.0} %)",
+            "{} runs rejected and retaken because other processes used the CPUs (threshold {:.0} % of one CPU for the busiest other process, and of the machine for all others); {} kept although still noisy; in kept runs the busiest other process used up to {:.0} % of one CPU, all others up to {:.1} % of the machine",
             raw.gate.rejected,
+            raw.config.gate.max_others * 100.0,
             raw.gate.kept_noisy,
+            raw.gate.max_busiest_kept * 100.0,
             raw.gate.max_others_kept * 100.0
         ),
     });
@@ -664,8 +712,8 @@ pub fn summarise(
         nodes: n as u32,
         view_nodes: raw.graph.iter().filter(|g| g.is_view).count() as u32,
         bands,
-        other: contents("other"),
-        unassigned: contents(UNASSIGNED),
+        other: contents("other")?,
+        unassigned: contents(UNASSIGNED)?,
         audit,
         checks,
     })
@@ -686,6 +734,38 @@ impl ProfileSummary {
     pub fn band(&self, name: &str) -> Option<&BandRow> {
         self.bands.iter().find(|b| b.band == name)
     }
+}
+
+/// The per-cycle ms/token of a part of the graph: in cycle c, its share of that cycle's TIMED
+/// sum x that cycle's FUSED wall / `tokens`, where the part holds `weight(i)` of node i (1 for a
+/// member, 0 for a node outside it; a fraction for the rows of a node nobody reads). The median
+/// of these is a figure's point and their min..max its range (one estimator; see
+/// [`summarise`]). `times[c][i]` is node i's time in cycle c (raw, or with the isolation cost
+/// removed); a cycle whose sum is 0 gives 0.
+pub fn per_cycle_ms_per_token(
+    times: &[&[f64]],
+    fused_ms: &[f64],
+    tokens: f64,
+    weight: &dyn Fn(usize) -> f64,
+) -> Vec<f64> {
+    times
+        .iter()
+        .zip(fused_ms)
+        .map(|(t, fused)| {
+            let sum: f64 = t.iter().sum();
+            if sum > 0.0 {
+                let part: f64 = t.iter().enumerate().map(|(i, v)| v * weight(i)).sum();
+                part / sum * fused / tokens
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+/// 1 for a member, 0 otherwise: the weight of a group of nodes in [`per_cycle_ms_per_token`].
+pub fn membership(member: impl Fn(usize) -> bool) -> impl Fn(usize) -> f64 {
+    move |i| if member(i) { 1.0 } else { 0.0 }
 }
 
 /// Categorises the graph of a stored profile and summarises it: what `profile` does after
@@ -997,6 +1077,108 @@ mod tests {
             assert!(band.get(key).is_some(), "missing bands[].{key}");
         }
         assert_eq!(v["tokens"], 100);
+    }
+
+    #[test]
+    fn a_model_whose_logits_are_nan_is_not_timed() {
+        let mut e = MockEngine::new(&NODES);
+        e.logits = vec![0.5, f32::NAN, f32::INFINITY];
+        let err = measure(&mut e, &cfg(3), &mut |_, _, _| {}).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                EngineError::NonFiniteOutputs {
+                    non_finite: 2,
+                    values: 3,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().starts_with("outputs finite: "), "{err}");
+        // a finite model passes the check, and says so
+        let s = run(&mut MockEngine::new(&NODES), 3);
+        let c = s.checks.iter().find(|c| c.name == "finite").unwrap();
+        assert_eq!(c.status, CheckStatus::Pass);
+    }
+
+    #[test]
+    fn a_band_point_lies_within_its_range() {
+        // three nodes (moe, linear attention, other), 3 cycles, 1 token a run
+        // cycle:      1    2    3
+        // moe µs:    10   10   60
+        // lin µs:    10   90   90
+        // other µs:  20  100   50
+        // TIMED sum: 40  200  200
+        // FUSED ms:  50  200   50
+        // per-cycle moe ms/token = share x FUSED: 12.5, 10, 15 -> point 12.5, range 10-15.
+        // The old formula, share of the per-node medians x the median FUSED, gave
+        // 10 / (10 + 90 + 50) x 50 = 3.33, outside its own range.
+        let nodes: [MockNode; 3] = [
+            (
+                "MUL_MAT_ID",
+                "ffn_moe_gate-0",
+                "blk.0.ffn_gate_exps.weight",
+                1.0,
+            ),
+            ("GATED_DELTA_NET", "node_1", "", 1.0),
+            ("ADD", "l_out-3", "", 1.0),
+        ];
+        let e = MockEngine::new(&nodes);
+        let mut c = cfg(3);
+        c.work.chunk_tokens = 1;
+        let cycle = |t: [f64; 3], fused: f64| CycleRecord {
+            order: ORDERS[0].to_vec(),
+            fused_ms: fused,
+            fused_observed_ms: fused,
+            timed_wall_ms: fused,
+            node_us: t.to_vec(),
+            isolation_us: None,
+        };
+        let raw = ProfileRaw {
+            schema_version: PROFILE_SCHEMA_VERSION,
+            config: c,
+            graph: e.graph.clone(),
+            cycles: vec![
+                cycle([10.0, 10.0, 20.0], 50.0),
+                cycle([10.0, 90.0, 100.0], 200.0),
+                cycle([60.0, 90.0, 50.0], 50.0),
+            ],
+            output_hashes: BTreeMap::new(),
+            overhead_pairs: Vec::new(),
+            gate: Default::default(),
+            outputs_checked_finite: true,
+        };
+        let rules = BandRules::builtin("qwen35moe").unwrap();
+        let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+        let s = analyse(&raw, &rules, &arch).unwrap().1;
+        let moe = s.band("moe").unwrap();
+        assert!(close(moe.ms_per_token, 12.5), "{moe:?}");
+        assert!(close(moe.ms_per_token_min, 10.0) && close(moe.ms_per_token_max, 15.0));
+        // linear attention: 12.5, 90, 22.5 -> point 22.5, range 12.5-90
+        let lin = s.band("linear_attention").unwrap();
+        assert!(close(lin.ms_per_token, 22.5), "{lin:?}");
+        assert!(close(lin.ms_per_token_min, 12.5) && close(lin.ms_per_token_max, 90.0));
+        // other: 25, 100, 12.5 -> 25, and its one row (l_out) the same (old: 16.67)
+        let other = s.band("other").unwrap();
+        assert!(close(other.ms_per_token, 25.0), "{other:?}");
+        assert_eq!(s.other.len(), 1);
+        assert!(close(s.other[0].ms_per_token, 25.0), "{:?}", s.other);
+        // shares are the points over their sum (60); the table's total is that sum
+        assert!(close(moe.share, 12.5 / 60.0) && close(lin.share, 22.5 / 60.0));
+        assert!(close(other.share, 25.0 / 60.0));
+        // median over cycles of the band's TIMED sum, in ms
+        assert!(close(moe.timed_ms, 10.0 / 1e3));
+        for b in &s.bands {
+            assert!(
+                b.ms_per_token_min <= b.ms_per_token && b.ms_per_token <= b.ms_per_token_max,
+                "{b:?}"
+            );
+        }
+        // the corrected columns use the same estimator (no isolation cost measured here: the
+        // graph has no idle node, so they equal the raw ones)
+        assert!(close(moe.ms_per_token_corrected, 12.5));
+        assert!(close(moe.share_corrected, moe.share));
     }
 
     #[test]

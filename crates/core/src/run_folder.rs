@@ -26,6 +26,12 @@ pub enum RunFolderError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{}: schema version {found} is not one this opledger reads (1 to {newest}): written by a newer opledger, or not an opledger file", .path.display())]
+    Version {
+        path: PathBuf,
+        found: String,
+        newest: u32,
+    },
     #[error("{}: invalid JSON", .path.display())]
     Json {
         path: PathBuf,
@@ -41,10 +47,33 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunFolderError + '_ {
     }
 }
 
-/// A run folder being written.
+/// A run folder being written. A folder this process created and left holding nothing but its
+/// marker (the command failed before writing anything, a refusal or an error before measuring)
+/// is removed when the value is dropped: a failed command leaves no folder behind.
 #[derive(Debug)]
 pub struct RunFolder {
     path: PathBuf,
+    /// Created by this process (not reopened with [`RunFolder::resume`]).
+    created: bool,
+}
+
+impl Drop for RunFolder {
+    fn drop(&mut self) {
+        if !self.created {
+            return;
+        }
+        let only_marker = fs::read_dir(&self.path).is_ok_and(|entries| {
+            let names: Vec<_> = entries
+                .filter_map(|e| e.ok().map(|e| e.file_name()))
+                .collect();
+            names.len() == 1 && names[0] == INCOMPLETE_MARKER
+        });
+        if only_marker {
+            // best effort: a folder that cannot be removed stays marked incomplete
+            let _ = fs::remove_file(self.path.join(INCOMPLETE_MARKER));
+            let _ = fs::remove_dir(&self.path);
+        }
+    }
 }
 
 impl RunFolder {
@@ -66,6 +95,7 @@ impl RunFolder {
         })?;
         let folder = RunFolder {
             path: path.to_path_buf(),
+            created: true,
         };
         folder.write(INCOMPLETE_MARKER, b"this run folder is being written\n")?;
         Ok(folder)
@@ -88,6 +118,7 @@ impl RunFolder {
         }
         Ok(RunFolder {
             path: path.to_path_buf(),
+            created: false,
         })
     }
 
@@ -149,7 +180,7 @@ impl RunFolder {
     pub fn finish(self) -> Result<PathBuf, RunFolderError> {
         let marker = self.path.join(INCOMPLETE_MARKER);
         fs::remove_file(&marker).map_err(io_err(&marker))?;
-        Ok(self.path)
+        Ok(self.path.clone())
     }
 }
 
@@ -171,6 +202,33 @@ pub fn open_complete(path: &Path) -> Result<PathBuf, RunFolderError> {
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, RunFolderError> {
     let bytes = fs::read(path).map_err(io_err(path))?;
     serde_json::from_slice(&bytes).map_err(|source| RunFolderError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Reads a schema-versioned JSON file of a run folder: its `schema_version` must be a version
+/// from 1 to `newest` (the version this opledger writes); a newer or unknown one is refused
+/// naming the file. A file without the field (written before it was recorded) is read as
+/// version 1.
+pub fn read_versioned<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    newest: u32,
+) -> Result<T, RunFolderError> {
+    let value: serde_json::Value = read_json(path)?;
+    if let Some(v) = value.get("schema_version") {
+        match v.as_u64() {
+            Some(n) if (1..=newest as u64).contains(&n) => {}
+            _ => {
+                return Err(RunFolderError::Version {
+                    path: path.to_path_buf(),
+                    found: v.to_string(),
+                    newest,
+                })
+            }
+        }
+    }
+    serde_json::from_value(value).map_err(|source| RunFolderError::Json {
         path: path.to_path_buf(),
         source,
     })
@@ -224,6 +282,61 @@ mod tests {
         let again = RunFolder::create(&p).unwrap_err();
         assert!(matches!(again, RunFolderError::Exists(_)));
         assert!(again.to_string().contains("run1"));
+    }
+
+    #[test]
+    fn a_folder_left_with_only_its_marker_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        // created, then the command failed before writing anything
+        let p = dir.path().join("refused");
+        drop(RunFolder::create(&p).unwrap());
+        assert!(!p.exists(), "a refused command left {}", p.display());
+        // something was written: the interrupted folder stays, marked incomplete
+        let q = dir.path().join("interrupted");
+        let f = RunFolder::create(&q).unwrap();
+        f.write("manifest.json", b"{}").unwrap();
+        drop(f);
+        assert!(q.join(INCOMPLETE_MARKER).exists());
+        // a reopened folder is never removed, even when it holds only the marker
+        let r = dir.path().join("reopened");
+        fs::create_dir(&r).unwrap();
+        fs::write(r.join(INCOMPLETE_MARKER), b"x").unwrap();
+        drop(RunFolder::resume(&r).unwrap());
+        assert!(r.join(INCOMPLETE_MARKER).exists());
+        // a finished folder stays
+        let s = dir.path().join("finished");
+        let f = RunFolder::create(&s).unwrap();
+        f.write("a.txt", b"x").unwrap();
+        f.finish().unwrap();
+        assert!(s.join("a.txt").exists());
+    }
+
+    #[test]
+    fn a_newer_or_unknown_schema_version_is_refused_naming_the_file() {
+        #[derive(serde::Deserialize, Debug)]
+        struct V {
+            #[allow(dead_code)]
+            schema_version: Option<u32>,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("summary.json");
+        fs::write(&p, br#"{"schema_version": 2}"#).unwrap();
+        assert!(read_versioned::<V>(&p, 2).is_ok());
+        let e = read_versioned::<V>(&p, 1).unwrap_err().to_string();
+        assert!(
+            e.contains("summary.json") && e.contains("schema version 2") && e.contains("1 to 1"),
+            "{e}"
+        );
+        for bad in [r#"{"schema_version": 0}"#, r#"{"schema_version": "x"}"#] {
+            fs::write(&p, bad).unwrap();
+            assert!(matches!(
+                read_versioned::<V>(&p, 3),
+                Err(RunFolderError::Version { .. })
+            ));
+        }
+        // written before the field existed: read as version 1
+        fs::write(&p, br#"{}"#).unwrap();
+        assert!(read_versioned::<V>(&p, 1).is_ok());
     }
 
     #[test]

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::band::Assignment;
 use crate::engine::Work;
 use crate::node::{base_name, effective_layers, NodeInfo};
-use crate::profile::{node_medians_us, ProfileRaw};
+use crate::profile::{membership, node_medians_us, per_cycle_ms_per_token, ProfileRaw};
 use crate::stats::Sample;
 
 /// Version of the waste `summary.json`; bumped on any incompatible change.
@@ -542,7 +542,8 @@ pub fn needs_for(graph: &[NodeInfo], chunk: u32, selection: &[u32]) -> Vec<NodeN
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WasteBandRow {
     pub band: String,
-    /// The band's ms/token (TIMED share x FUSED wall / tokens).
+    /// The band's ms/token, by the same estimator as the summary's (the median of the per-cycle
+    /// values); its wasted ms/token likewise, and the shares are ratios of these points.
     pub ms_per_token: f64,
     pub wasted_ms_per_token: f64,
     /// Wasted share of the band's own time.
@@ -617,11 +618,13 @@ pub struct WasteSummary {
     pub timed_sum_ms: f64,
     /// Sum of TIMED median x (1 - needed share), over nodes.
     pub wasted_timed_ms: f64,
-    /// Wasted share of the TIMED sum: the share of the FUSED wall spent on rows nobody reads.
+    /// `wasted_ms_per_token` over `ms_per_token`: the share of the FUSED wall spent on rows
+    /// nobody reads.
     pub wasted_share: f64,
-    /// Wasted share x FUSED wall / tokens.
+    /// The median over cycles of the per-cycle value (the unread rows' share of that cycle's
+    /// TIMED sum x that cycle's FUSED wall / tokens): one estimator for the point and its range.
     pub wasted_ms_per_token: f64,
-    /// Range of the per-cycle values of the same formula.
+    /// Range (min..max) of the same per-cycle values.
     pub wasted_ms_per_token_min: f64,
     pub wasted_ms_per_token_max: f64,
     /// The wasted share from each node's fastest TIMED time over the cycles: on a busy machine,
@@ -693,27 +696,22 @@ pub fn summarise(
     let unneeded: Vec<f64> = needs.iter().map(|d| 1.0 - d.needed_fraction()).collect();
     let wasted_us: Vec<f64> = (0..n).map(|i| medians[i] * unneeded[i]).collect();
     let total_us: f64 = medians.iter().sum();
-    let share = |us: f64| if total_us > 0.0 { us / total_us } else { 0.0 };
-    let fused = Sample::new(&raw.cycles.iter().map(|c| c.fused_ms).collect::<Vec<_>>())
+    // one estimator for every ms/token figure (as the profile's): the median of its per-cycle
+    // values (the part's share of that cycle's TIMED sum x that cycle's FUSED wall / tokens),
+    // their min..max the range; a share is a point over the point it is a share of
+    let times: Vec<&[f64]> = raw.cycles.iter().map(|c| c.node_us.as_slice()).collect();
+    let walls: Vec<f64> = raw.cycles.iter().map(|c| c.fused_ms).collect();
+    let estimate = |weight: &dyn Fn(usize) -> f64| -> Result<Sample, WasteError> {
+        Sample::new(&per_cycle_ms_per_token(&times, &walls, tok, weight))
+            .map_err(|_| WasteError::BadSample("ms/token".into()))
+    };
+    let point = |weight: &dyn Fn(usize) -> f64| estimate(weight).map(|s| s.median());
+    let fused = Sample::new(&walls)
         .map_err(|_| WasteError::BadSample("fused_ms".into()))?
         .median();
-    let per_ms = |us: f64| share(us) * fused / tok;
-
-    let per_cycle: Vec<f64> = raw
-        .cycles
-        .iter()
-        .map(|c| {
-            let sum: f64 = c.node_us.iter().sum();
-            let w: f64 = (0..n).map(|i| c.node_us[i] * unneeded[i]).sum();
-            if sum > 0.0 {
-                w / sum * c.fused_ms / tok
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    let per_cycle =
-        Sample::new(&per_cycle).map_err(|_| WasteError::BadSample("wasted ms/token".into()))?;
+    let whole_ms = point(&|_| 1.0)?;
+    let share = |ms: f64| if whole_ms > 0.0 { ms / whole_ms } else { 0.0 };
+    let per_cycle = estimate(&|i| unneeded[i])?;
     let minimums: Vec<f64> = (0..n)
         .map(|i| {
             raw.cycles
@@ -736,68 +734,61 @@ pub fn summarise(
             band_order.push(&a.band);
         }
     }
-    let group = |member: &dyn Fn(usize) -> bool| -> (f64, f64, u32) {
-        let members = (0..n).filter(|&i| member(i));
-        let (mut all, mut wasted, mut count) = (0.0, 0.0, 0);
-        for i in members {
-            all += medians[i];
-            wasted += wasted_us[i];
-            if wasted_us[i] > 0.0 {
-                count += 1;
-            }
-        }
-        (all, wasted, count)
+    // (ms/token, wasted ms/token, nodes with waste) of a group of nodes
+    let group = |member: &dyn Fn(usize) -> bool| -> Result<(f64, f64, u32), WasteError> {
+        let all = point(&membership(member))?;
+        let wasted = point(&|i| if member(i) { unneeded[i] } else { 0.0 })?;
+        let count = (0..n).filter(|&i| member(i) && wasted_us[i] > 0.0).count() as u32;
+        Ok((all, wasted, count))
     };
     let bands = band_order
         .iter()
         .map(|&band| {
-            let (all, wasted, nodes) = group(&|i| assignments[i].band == band);
-            WasteBandRow {
+            let (all, wasted, nodes) = group(&|i| assignments[i].band == band)?;
+            Ok(WasteBandRow {
                 band: band.to_string(),
-                ms_per_token: per_ms(all),
-                wasted_ms_per_token: per_ms(wasted),
+                ms_per_token: all,
+                wasted_ms_per_token: wasted,
                 wasted_share_of_band: if all > 0.0 { wasted / all } else { 0.0 },
-                wasted_share: share(wasted),
-                nodes,
-            }
-        })
-        .collect();
-    let mut layer_keys: Vec<Option<u32>> = layers_of.clone();
-    layer_keys.sort_by_key(|l| (l.is_none(), *l));
-    layer_keys.dedup();
-    let layers = layer_keys
-        .into_iter()
-        .filter_map(|layer| {
-            let (all, wasted, nodes) = group(&|i| layers_of[i] == layer);
-            (wasted > 0.0).then(|| WasteLayerRow {
-                layer,
-                ms_per_token: per_ms(all),
-                wasted_ms_per_token: per_ms(wasted),
-                wasted_share_of_layer: if all > 0.0 { wasted / all } else { 0.0 },
                 wasted_share: share(wasted),
                 nodes,
             })
         })
-        .collect();
-    let mut nodes: Vec<NodeWaste> = (0..n)
-        .filter(|&i| wasted_us[i] > 0.0)
-        .map(|i| {
-            let g = &raw.graph[i];
-            NodeWaste {
-                index: g.index,
-                op: g.op.clone(),
-                name: g.name.clone(),
-                layer: layers_of[i],
-                band: assignments[i].band.clone(),
-                treatment: needs[i].treatment,
-                rows: needs[i].rows,
-                needed_rows: needs[i].needed,
-                median_us: medians[i],
-                wasted_us: wasted_us[i],
-                wasted_ms_per_token: per_ms(wasted_us[i]),
-            }
-        })
-        .collect();
+        .collect::<Result<Vec<_>, WasteError>>()?;
+    let mut layer_keys: Vec<Option<u32>> = layers_of.clone();
+    layer_keys.sort_by_key(|l| (l.is_none(), *l));
+    layer_keys.dedup();
+    let mut layers = Vec::new();
+    for layer in layer_keys {
+        let (all, wasted, nodes) = group(&|i| layers_of[i] == layer)?;
+        if wasted > 0.0 {
+            layers.push(WasteLayerRow {
+                layer,
+                ms_per_token: all,
+                wasted_ms_per_token: wasted,
+                wasted_share_of_layer: if all > 0.0 { wasted / all } else { 0.0 },
+                wasted_share: share(wasted),
+                nodes,
+            });
+        }
+    }
+    let mut nodes: Vec<NodeWaste> = Vec::new();
+    for i in (0..n).filter(|&i| wasted_us[i] > 0.0) {
+        let g = &raw.graph[i];
+        nodes.push(NodeWaste {
+            index: g.index,
+            op: g.op.clone(),
+            name: g.name.clone(),
+            layer: layers_of[i],
+            band: assignments[i].band.clone(),
+            treatment: needs[i].treatment,
+            rows: needs[i].rows,
+            needed_rows: needs[i].needed,
+            median_us: medians[i],
+            wasted_us: wasted_us[i],
+            wasted_ms_per_token: point(&|j| if j == i { unneeded[i] } else { 0.0 })?,
+        });
+    }
     nodes.sort_by(|a, b| {
         b.wasted_us
             .total_cmp(&a.wasted_us)
@@ -818,7 +809,7 @@ pub fn summarise(
     }
     let kept_of = |k: Kept| needs.iter().filter(move |d| d.kept == Some(k));
     let wasted_total: f64 = wasted_us.iter().sum();
-    let wasted_share = share(wasted_total);
+    let wasted_share = share(per_cycle.median());
     Ok(WasteSummary {
         schema_version: WASTE_SCHEMA_VERSION,
         tokens,
@@ -831,11 +822,11 @@ pub fn summarise(
         .into(),
         cycles: raw.cycles.len() as u32,
         fused_ms: fused,
-        ms_per_token: fused / tok,
+        ms_per_token: whole_ms,
         timed_sum_ms: total_us / 1e3,
         wasted_timed_ms: wasted_total / 1e3,
         wasted_share,
-        wasted_ms_per_token: per_ms(wasted_total),
+        wasted_ms_per_token: per_cycle.median(),
         wasted_ms_per_token_min: per_cycle.min(),
         wasted_ms_per_token_max: per_cycle.max(),
         wasted_share_of_minimums,
@@ -1356,6 +1347,7 @@ mod tests {
             output_hashes: BTreeMap::new(),
             overhead_pairs: vec![],
             gate: Default::default(),
+            outputs_checked_finite: true,
         }
     }
 
@@ -1407,6 +1399,52 @@ mod tests {
         ] {
             assert!(v.get(key).is_some(), "missing {key}");
         }
+    }
+
+    #[test]
+    fn the_wasted_point_lies_within_its_range() {
+        // node times 10/20/x/10/5/y µs, the first four read 1 row of 8 (7/8 unread)
+        // cycle:       1     2     3
+        // x:          10    10   200
+        // y:          10   200   200
+        // FUSED ms:  0.2   0.8   0.2
+        // per-cycle wasted ms/token = unread share of the TIMED sum x FUSED / 8 tokens:
+        // 43.75/65 x 0.025, 43.75/255 x 0.1, 210/445 x 0.025 = 0.016827, 0.017157, 0.011798.
+        // The old formula (medians 10/20/10/10/5/200 -> 43.75/255 x median FUSED 0.2 / 8 =
+        // 0.004289) lay outside that range.
+        let mut raw = raw_of(
+            chain(1).0,
+            &[
+                &[10.0, 20.0, 10.0, 10.0, 5.0, 10.0],
+                &[10.0, 20.0, 10.0, 10.0, 5.0, 200.0],
+                &[10.0, 20.0, 200.0, 10.0, 5.0, 200.0],
+            ],
+            0.2,
+        );
+        raw.cycles[1].fused_ms = 0.8;
+        let bands = assign(&["other", "moe", "moe", "moe", "other", "other"]);
+        let d = needs(&raw.graph, &raw.config.work);
+        let s = summarise(&raw, &bands, &d, &["moe", "other"]).unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        let point = 43.75 / 65.0 * 0.2 / 8.0;
+        assert!(
+            close(s.wasted_ms_per_token, point),
+            "{}",
+            s.wasted_ms_per_token
+        );
+        assert!(close(s.wasted_ms_per_token_min, 210.0 / 445.0 * 0.2 / 8.0));
+        assert!(close(s.wasted_ms_per_token_max, 43.75 / 255.0 * 0.8 / 8.0));
+        // the whole: median of 0.2, 0.8, 0.2 / 8; the share is the ratio of the points
+        assert!(close(s.ms_per_token, 0.2 / 8.0));
+        assert!(close(s.wasted_share, 43.75 / 65.0));
+        // every band's and node's figure by the same estimator: moe's unread rows
+        // (nodes 1-3: 7/8 of 40, 40, 230) per cycle 35/65 x 0.025, 35/255 x 0.1,
+        // 201.25/445 x 0.025 -> median 0.013462
+        let moe = s.bands.iter().find(|b| b.band == "moe").unwrap();
+        assert!(
+            close(moe.wasted_ms_per_token, 35.0 / 65.0 * 0.025),
+            "{moe:?}"
+        );
     }
 
     #[test]

@@ -1,10 +1,11 @@
-//! The noise gate against a real competing process: a busy loop started on the other core makes
-//! it reject samples; without it, it rejects (almost) none.
+//! The noise gate against a real competing process: a busy loop started beside the sampler makes
+//! it reject samples, on a machine of any size (the busy loop is one whole CPU, whatever share of
+//! the machine that is). No test asserts that the machine is otherwise quiet: it need not be.
 
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use opledger_core::noise::{gated, GateConfig, GateStats};
+use opledger_core::noise::{gated, GateConfig, GateStats, DEFAULT_MAX_OTHERS};
 
 /// Spins this thread for `ms`: a sample that uses one core.
 fn spin(ms: u64) -> Result<u64, ()> {
@@ -43,8 +44,7 @@ impl Drop for Busy {
 }
 
 #[test]
-fn a_busy_neighbour_is_rejected_and_a_quiet_machine_is_not() {
-    let (quiet, _) = rate(10);
+fn a_busy_neighbour_is_rejected_on_a_machine_of_any_size() {
     let busy = Busy(
         Command::new("sh")
             .args(["-c", "while :; do :; done"])
@@ -54,13 +54,16 @@ fn a_busy_neighbour_is_rejected_and_a_quiet_machine_is_not() {
     std::thread::sleep(Duration::from_millis(200));
     let (noisy, stats) = rate(10);
     drop(busy);
-    eprintln!("rejection rate quiet {quiet:.2}, with a busy loop {noisy:.2} ({stats:?})");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    eprintln!("{cpus} CPUs: rejection rate with a busy loop {noisy:.2} ({stats:?})");
     assert!(
         noisy >= 0.8,
-        "the gate let a busy neighbour through: {noisy:.2}"
+        "the gate let a busy neighbour through on {cpus} CPUs: {noisy:.2}"
     );
+    // the busy loop (or something busier) showed as a share of one CPU, not of the machine
     assert!(
-        quiet <= 0.2,
-        "the gate rejected a quiet machine's samples: {quiet:.2}"
+        stats.max_busiest_kept > DEFAULT_MAX_OTHERS,
+        "busiest other process {:.2} of a CPU",
+        stats.max_busiest_kept
     );
 }

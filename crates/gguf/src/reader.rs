@@ -689,7 +689,7 @@ mod tests {
         }
         /// Pads with zeros to the 32-byte alignment, where the data section starts.
         fn pad(&mut self) -> &mut Self {
-            while self.0.len() % 32 != 0 {
+            while !self.0.len().is_multiple_of(32) {
                 self.0.push(0);
             }
             self
@@ -934,7 +934,7 @@ mod tests {
     fn custom_alignment_is_used_and_checked() {
         let mut b = Bytes::header(3, 1, 1);
         b.kv_u32(ALIGNMENT_KEY, 64).tensor("a", &[8], 0, 0);
-        while b.0.len() % 64 != 0 {
+        while !b.0.len().is_multiple_of(64) {
             b.0.push(0);
         }
         b.zeros(32);

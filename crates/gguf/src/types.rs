@@ -207,7 +207,7 @@ impl GgmlType {
     /// size (or the byte count overflows).
     pub fn row_bytes(self, ne0: u64) -> Option<u64> {
         let block_size = u64::from(self.block_size());
-        if ne0 % block_size != 0 {
+        if !ne0.is_multiple_of(block_size) {
             return None;
         }
         (ne0 / block_size).checked_mul(u64::from(self.type_size()))

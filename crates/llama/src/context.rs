@@ -29,11 +29,20 @@ unsafe impl Sync for ThreadPool {}
 
 impl ThreadPool {
     pub fn new(threads: u32) -> Result<ThreadPool, LlamaError> {
-        let threads = threads.max(1);
+        // ggml takes an int: a count of 0 or above i32::MAX is refused, never cast
+        let n_threads = i32::try_from(threads)
+            .ok()
+            .filter(|&t| t >= 1)
+            .ok_or_else(|| {
+                LlamaError::Invalid(format!(
+                    "{threads} threads: a ggml thread pool takes 1 to {} threads",
+                    i32::MAX
+                ))
+            })?;
         // SAFETY: ggml_threadpool_params_default fills a plain struct; ggml_threadpool_new reads
         // it during the call only and returns an owned pool or null.
         let raw = unsafe {
-            let mut params = sys::ggml_threadpool_params_default(threads as i32);
+            let mut params = sys::ggml_threadpool_params_default(n_threads);
             sys::ggml_threadpool_new(&mut params)
         };
         let ptr = NonNull::new(raw).ok_or(LlamaError::ThreadPool { threads })?;

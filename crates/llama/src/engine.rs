@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use opledger_core::engine::{ChunkTiming, Engine, EngineError, EngineInfo, Mode, Work};
+use opledger_core::engine::{
+    check_finite, ChunkTiming, Engine, EngineError, EngineInfo, Mode, Work,
+};
 use opledger_core::node::NodeInfo;
 use opledger_core::tokens::{filler_tokens, hash_f32};
 
@@ -221,14 +223,19 @@ impl LlamaEngine {
         let t0 = Instant::now();
         ctx.decode(tokens, pos0, all_logits)?;
         let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let what = format!("the {} run", mode.label());
         let hash = if all_logits {
             let mut h = 0u64;
             for i in 0..tokens.len() as i32 {
-                h = h.rotate_left(5) ^ hash_f32(&ctx.logits(i)?);
+                let row = ctx.logits(i)?;
+                check_finite(&what, &row)?;
+                h = h.rotate_left(5) ^ hash_f32(&row);
             }
             h
         } else {
-            hash_f32(&ctx.logits(-1)?)
+            let row = ctx.logits(-1)?;
+            check_finite(&what, &row)?;
+            hash_f32(&row)
         };
         Ok((wall_ms, hash))
     }
@@ -371,7 +378,15 @@ impl LlamaEngine {
             let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
             let mut hash = 0u64;
             for s in 0..tokens.len() as i32 {
-                hash = hash.rotate_left(7) ^ hash_f32(&ctx.logits(s)?);
+                let row = ctx.logits(s)?;
+                check_finite(
+                    &format!(
+                        "decode step {step} (sequence {s}) of the {} run",
+                        mode.label()
+                    ),
+                    &row,
+                )?;
+                hash = hash.rotate_left(7) ^ hash_f32(&row);
             }
             let t = self.timing(mode, wall_ms, hash)?;
             total.wall_ms += t.wall_ms;
@@ -683,7 +698,9 @@ impl Engine for LlamaEngine {
             let t0 = Instant::now();
             ctx.decode(&chunk, work.depth_tokens, work.all_logits)?;
             let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
-            let hash = hash_f32(&ctx.logits(-1)?);
+            let row = ctx.logits(-1)?;
+            check_finite("the replay run", &row)?;
+            let hash = hash_f32(&row);
             let obs = ctx.observer_mut()?;
             let nodes_seen = obs.nodes_seen;
             let (skipped, failed) = obs
@@ -947,9 +964,12 @@ impl Engine for LlamaEngine {
                 let t0 = Instant::now();
                 ctx.decode_step_from(&tokens, depth + step, 1)?;
                 let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+                let what = format!("the {} decode step", mode.label());
                 let mut hash = 0u64;
                 for s in 0..tokens.len() as i32 {
-                    hash = hash.rotate_left(7) ^ hash_f32(&ctx.logits(s)?);
+                    let row = ctx.logits(s)?;
+                    check_finite(&what, &row)?;
+                    hash = hash.rotate_left(7) ^ hash_f32(&row);
                 }
                 let t = self.timing(mode, wall_ms, hash)?;
                 total.wall_ms += t.wall_ms;

@@ -11,6 +11,7 @@ pub fn verdict_name(v: Verdict) -> &'static str {
         Verdict::Slower => "slower",
         Verdict::NoChange => "no change",
         Verdict::WithinNoise => "within noise",
+        Verdict::Inconclusive => "inconclusive",
     }
 }
 
@@ -112,10 +113,10 @@ pub fn ab_text(r: &AbReport) -> String {
     let noise: u32 = r.scenarios.iter().map(|s| s.gate.rejected).sum();
     let _ = writeln!(
         out,
-        "\nthresholds: faster/slower when the whole 95 % interval of B/A lies beyond ±{:.0} %, no change when it lies within; noise gate rejected and retook {noise} runs",
+        "\nthresholds: faster/slower when the whole 95 % interval of B/A lies beyond ±{:.0} %, no change when it lies within; inconclusive when the control (A against itself) does not lie within; noise gate rejected and retook {noise} runs",
         r.config.min_effect * 100.0
     );
-    let _ = writeln!(out, "verdict: {}", r.verdict);
+    let _ = writeln!(out, "verdict: {}", r.verdict.words());
     out
 }
 
@@ -222,7 +223,7 @@ pub fn ab_markdown(r: &AbReport) -> String {
             if a.correct { "" } else { ", output CHANGED" }
         );
     }
-    let _ = writeln!(out, "\n**verdict: {}**", r.verdict);
+    let _ = writeln!(out, "\n**verdict: {}**", r.verdict.words());
     out
 }
 

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use opledger_core::ab::Verdict;
+use opledger_core::ab::{Outcome, Verdict};
 use opledger_core::census::ExpectationStatus;
 use opledger_core::manifest::Manifest;
 use opledger_core::profile::{Check, CheckStatus};
@@ -755,17 +755,19 @@ fn ab_checks(v: &AbView) -> Vec<Check> {
     for s in &r.scenarios {
         out.push(Check {
             name: format!("control · {}", scenario_label(&s.work)),
-            status: match s.control_verdict {
-                Verdict::NoChange => CheckStatus::Pass,
-                Verdict::WithinNoise => CheckStatus::Warn,
-                Verdict::Faster | Verdict::Slower => CheckStatus::Fail,
+            // anything but "no change" makes the scenario inconclusive (Verdict::of_scenario)
+            status: if s.control_verdict == Verdict::NoChange {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Fail
             },
             detail: format!(
-                "A against itself (its two halves): {:.3} [{:.3}–{:.3}], {} (must show no change)",
+                "A against itself (its two halves): {:.3} [{:.3}–{:.3}], {} (must show no change, within ±{:.0} %; otherwise the scenario is inconclusive)",
                 s.control_ratio,
                 s.control_lo,
                 s.control_hi,
-                verdict_name(s.control_verdict)
+                verdict_name(s.control_verdict),
+                r.config.min_effect * 100.0
             ),
         });
     }
@@ -779,7 +781,10 @@ fn ab_checks(v: &AbView) -> Vec<Check> {
             CheckStatus::Warn
         },
         detail: format!(
-            "{rejected} runs rejected and retaken because other processes used the CPUs; {noisy} kept although still noisy"
+            "{rejected} runs rejected and retaken because other processes used the CPUs (threshold {:.0} % of one CPU for the busiest other process, and of the machine for all others); {noisy} kept although still noisy; in kept runs the busiest other process used up to {:.0} % of one CPU, all others up to {:.1} % of the machine",
+            r.config.gate.max_others * 100.0,
+            r.scenarios.iter().map(|s| s.gate.max_busiest_kept).fold(0.0, f64::max) * 100.0,
+            r.scenarios.iter().map(|s| s.gate.max_others_kept).fold(0.0, f64::max) * 100.0
         ),
     });
     out
@@ -789,17 +794,15 @@ fn ab_html(v: &AbView) -> String {
     let m = v.manifest;
     let r = v.report;
     let mut body = String::new();
-    let verdict_class = if r.verdict.starts_with("refused") {
-        "fail"
-    } else if r.verdict.starts_with("slower") {
-        "warn"
-    } else {
-        "pass"
+    let verdict_class = match r.verdict {
+        Outcome::Refused | Outcome::Inconclusive => "fail",
+        Outcome::Slower => "warn",
+        Outcome::Faster | Outcome::FasterInSome | Outcome::NoChange => "pass",
     };
     let _ = writeln!(
         body,
         "<p class=\"headline banner {verdict_class}\">verdict: {}</p>",
-        esc(&r.verdict)
+        esc(r.verdict.words())
     );
     checks_section(&mut body, "Cross-checks", &ab_checks(v));
     figure(
@@ -854,7 +857,7 @@ fn ab_html(v: &AbView) -> String {
     );
     let _ = writeln!(
         body,
-        "<p>{} interleaved pairs a scenario; faster or slower when the whole 95 % interval of B/A lies beyond ±{:.0} %, no change when it lies within.</p>",
+        "<p>{} interleaved pairs a scenario; faster or slower when the whole 95 % interval of B/A lies beyond ±{:.0} %, no change when it lies within; inconclusive when the control (A against itself) does not lie within.</p>",
         r.config.pairs,
         r.config.min_effect * 100.0
     );

@@ -236,7 +236,7 @@ fn tail(r: &LedgerReport) -> String {
 /// The terminal rendering.
 pub fn ledger_text(r: &LedgerReport) -> String {
     format!(
-        "{}\n{}\n\nbytes, time: A/B ratios; a bandwidth-bound band has its time ratio near its bytes ratio\n{}",
+        "{}\n{}\n\nbytes, time: A/B ratios; verdicts place A on this machine's roofline: bandwidth- or compute-bound at half the measured copy or matmul peak or more, else neither (latency and overhead)\n{}",
         heading(r),
         text_table(&HEADER, &ALIGN, &rows(r)),
         tail(r)
@@ -322,7 +322,7 @@ mod tests {
             replay_ms_per_token: BTreeMap::new(),
         };
         LedgerReport {
-            ledger: compare(side("a", 2.0, 1.0), side("b", 1.0, 1.5), false).unwrap(),
+            ledger: compare(side("a", 2.0, 1.0), side("b", 1.0, 1.5), false, None).unwrap(),
             replay_a: None,
             replay_b: None,
             peaks: None,

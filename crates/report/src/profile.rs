@@ -121,9 +121,10 @@ pub(crate) fn figures(s: &ProfileSummary) -> Vec<String> {
             s.agreement_corrected * 100.0
         ),
         format!(
-            "noise gate: {} runs rejected and retaken, {} kept although noisy (others used up to {:.0} % of the CPUs)",
+            "noise gate: {} runs rejected and retaken, {} kept although noisy (busiest other process up to {:.0} % of one CPU, all others up to {:.1} % of the machine)",
             s.noise_gate.rejected,
             s.noise_gate.kept_noisy,
+            s.noise_gate.max_busiest_kept * 100.0,
             s.noise_gate.max_others_kept * 100.0
         ),
         format!(

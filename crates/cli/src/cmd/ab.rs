@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use opledger_core::ab::{
-    AbConfig, AbReport, Ablation, Knobs, ScenarioResult, Tolerance, Verdict, AB_SCHEMA_VERSION,
+    AbConfig, AbReport, Ablation, Knobs, Outcome, ScenarioResult, Tolerance, AB_SCHEMA_VERSION,
 };
 use opledger_core::engine::Work;
 use opledger_core::manifest::Manifest;
@@ -25,7 +25,7 @@ use crate::progress::steps_bar;
 #[derive(Args, Clone)]
 pub struct WorkArgs {
     /// Prefill chunk size.
-    #[arg(short = 'p', long, default_value_t = 512)]
+    #[arg(short = 'p', long, default_value_t = 512, value_parser = super::flags::at_least_one)]
     pub chunk: u32,
     /// Depths of the prefill scenarios (and of the decode ones).
     #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
@@ -34,18 +34,22 @@ pub struct WorkArgs {
     #[arg(short = 'n', long = "decode", default_value_t = 0)]
     pub decode: u32,
     /// Sequence counts of the decode scenarios.
-    #[arg(long, value_delimiter = ',', default_value = "1")]
+    #[arg(long, value_delimiter = ',', default_value = "1", value_parser = super::flags::at_least_one)]
     pub parallel: Vec<u32>,
     /// The smallest change a verdict calls faster or slower.
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = 0.02, value_parser = super::flags::effect, allow_negative_numbers = true)]
     pub min_effect: f64,
     /// Largest relative logit difference (max |a-b| / max |a|) that still counts as the same
     /// output; the greedy tokens must match too.
-    #[arg(long, default_value_t = 2e-2)]
+    #[arg(long, default_value_t = 2e-2, value_parser = super::flags::positive, allow_negative_numbers = true)]
     pub tolerance: f64,
-    /// Noise gate threshold (share of the CPUs other processes may use).
-    #[arg(long, default_value_t = opledger_core::noise::DEFAULT_MAX_OTHERS)]
+    /// Noise gate: reject and retake a run during which the busiest other process used more
+    /// than this share of one CPU, or all others more than this share of the machine (0..=1).
+    #[arg(long, default_value_t = opledger_core::noise::DEFAULT_MAX_OTHERS, value_parser = super::flags::share, allow_negative_numbers = true)]
     pub noise_gate: f64,
+    /// Turn the noise gate off.
+    #[arg(long)]
+    pub no_noise_gate: bool,
 }
 
 impl WorkArgs {
@@ -59,7 +63,7 @@ impl WorkArgs {
                 for &p in &self.parallel {
                     out.push(Work {
                         decode_tokens: self.decode,
-                        parallel: p.max(1),
+                        parallel: p,
                         ..Work::prefill(self.chunk, d)
                     });
                 }
@@ -74,6 +78,7 @@ impl WorkArgs {
             pairs,
             gate: opledger_core::noise::GateConfig {
                 max_others: self.noise_gate,
+                enabled: !self.no_noise_gate,
                 ..Default::default()
             },
             tolerance: Tolerance {
@@ -99,8 +104,9 @@ pub struct AbArgs {
     pub b: String,
     #[command(flatten)]
     pub work: WorkArgs,
-    /// Interleaved A/B pairs per scenario.
-    #[arg(short = 'r', long, default_value_t = 8)]
+    /// Interleaved A/B pairs per scenario (at least 4: the control splits A's runs in two
+    /// halves of two or more).
+    #[arg(short = 'r', long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(4..))]
     pub pairs: u32,
     /// The run folder (default: runs/<time>-ab-<model>).
     #[arg(short, long)]
@@ -121,15 +127,15 @@ pub struct DiscoverArgs {
     pub knobs: String,
     #[command(flatten)]
     pub work: WorkArgs,
-    /// Interleaved pairs per candidate in the search (first scenario only).
-    #[arg(long, default_value_t = 3)]
+    /// Interleaved pairs per candidate in the search (first scenario only; at least 2).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..))]
     pub search_pairs: u32,
-    /// Interleaved pairs of the confirmation of the winner (every scenario).
-    #[arg(short = 'r', long, default_value_t = 8)]
+    /// Interleaved pairs of the confirmation of the winner (every scenario; at least 4).
+    #[arg(short = 'r', long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(4..))]
     pub pairs: u32,
     /// The largest grid searched.
-    #[arg(long, default_value_t = 64)]
-    pub max_candidates: usize,
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_candidates: u64,
     #[arg(short, long)]
     pub output: Option<PathBuf>,
     #[arg(long)]
@@ -138,19 +144,20 @@ pub struct DiscoverArgs {
     pub quiet: bool,
 }
 
-fn overall(scenarios: &[ScenarioResult]) -> String {
-    if scenarios.iter().any(|s| !s.correctness.passed) {
-        return "refused: the model's output changed beyond the tolerance".into();
-    }
-    let verdicts: Vec<Verdict> = scenarios.iter().map(|s| s.verdict).collect();
-    if verdicts.iter().all(|v| *v == Verdict::Faster) {
-        "faster in every scenario".into()
-    } else if verdicts.contains(&Verdict::Slower) {
-        "slower in at least one scenario".into()
-    } else if verdicts.contains(&Verdict::Faster) {
-        "faster in some scenarios, no worse in the others".into()
-    } else {
-        "no change beyond the noise".into()
+/// The exit code of an A/B: 4 when the correctness gate refused B, 5 when a control moved
+/// (inconclusive), else 0. The same codes come from `discover` (its confirmation) and from
+/// `report` of a stored A/B.
+pub fn ab_exit_code(report: &AbReport) -> ExitCode {
+    match report.verdict {
+        Outcome::Refused => {
+            eprintln!("verdict: {}", report.verdict.words());
+            ExitCode::from(crate::exit::REFUSED)
+        }
+        Outcome::Inconclusive => {
+            eprintln!("verdict: {}", report.verdict.words());
+            ExitCode::from(crate::exit::INCONCLUSIVE)
+        }
+        _ => ExitCode::SUCCESS,
     }
 }
 
@@ -220,7 +227,7 @@ fn ab_with_ablations(
         a: a.clone(),
         b: b.clone(),
         config: cfg.clone(),
-        verdict: overall(&scenarios),
+        verdict: Outcome::of(&scenarios),
         scenarios,
         ablations,
     })
@@ -275,16 +282,23 @@ fn opledger_llama_version() -> String {
     }
 }
 
+/// Refuses a `threads` knob this machine cannot run (as `-t` is refused).
+fn check_knob_threads(flag: &str, k: &Knobs) -> Result<()> {
+    if let Some(t) = k.get("threads") {
+        let t: u32 = t.parse().with_context(|| format!("{flag}: threads={t}"))?;
+        super::flags::check_threads(t, super::flags::cpus())
+            .map_err(|e| anyhow::anyhow!("{flag}: threads={t}: {e}"))?;
+    }
+    Ok(())
+}
+
 pub fn run_ab(args: AbArgs) -> Result<ExitCode> {
     let a: Knobs = args.a.parse().context("--a")?;
     let b: Knobs = args.b.parse().context("--b")?;
+    check_knob_threads("--a", &a)?;
+    check_knob_threads("--b", &b)?;
     let (file, path, model) = model_of(&args.model)?;
     let rules = load_rules(None, &file.arch.arch)?;
-    if args.pairs < 4 {
-        bail!(
-            "--pairs must be at least 4 (the control splits A's runs in two halves of two or more)"
-        );
-    }
     let cfg = args.work.config(args.pairs, args.work.scenarios());
     #[cfg(not(feature = "llama"))]
     {
@@ -310,11 +324,7 @@ pub fn run_ab(args: AbArgs) -> Result<ExitCode> {
             print!("{text}");
             println!("run folder: {}", dir.display());
         }
-        Ok(if report.verdict.starts_with("refused") {
-            ExitCode::from(4)
-        } else {
-            ExitCode::SUCCESS
-        })
+        Ok(ab_exit_code(&report))
     }
 }
 
@@ -405,7 +415,13 @@ fn resolved_defaults(model: &ModelArgs, chunk: u32) -> Knobs {
 pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
     let (file, path, model) = model_of(&args.model)?;
     let rules = load_rules(None, &file.arch.arch)?;
-    let candidates = grid(&args.knobs, args.max_candidates)?;
+    let candidates = grid(
+        &args.knobs,
+        usize::try_from(args.max_candidates).unwrap_or(usize::MAX),
+    )?;
+    for c in &candidates {
+        check_knob_threads("--knobs", c)?;
+    }
     let scenarios = args.work.scenarios();
     #[cfg(not(feature = "llama"))]
     {
@@ -417,7 +433,7 @@ pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
         let folder = folder_for(&args.output, "discover", &path)?;
         let baseline = Knobs::default();
         let search = args.work.config(
-            args.search_pairs.max(2),
+            args.search_pairs,
             scenarios.iter().take(1).cloned().collect(),
         );
         let bar = steps_bar(args.quiet || args.json);
@@ -458,7 +474,7 @@ pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
                     knobs: w.knobs.without_defaults(&defaults),
                     ..w.clone()
                 };
-                let cfg = args.work.config(args.pairs.max(4), scenarios.clone());
+                let cfg = args.work.config(args.pairs, scenarios.clone());
                 Some(ab_with_ablations(
                     &model,
                     &baseline,
@@ -490,7 +506,12 @@ pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
             print!("{text}");
             println!("run folder: {}", dir.display());
         }
-        Ok(ExitCode::SUCCESS)
+        // a refused or inconclusive confirmation is not a discovery
+        Ok(report
+            .confirmation
+            .as_ref()
+            .map(ab_exit_code)
+            .unwrap_or(ExitCode::SUCCESS))
     }
 }
 

@@ -14,8 +14,8 @@ pub struct ModelArgs {
     /// synthetic tiny-qwen35moe model the tool writes itself (under runs/models/).
     #[arg(short, long)]
     pub model: Option<PathBuf>,
-    /// Threads (default: the machine's available parallelism).
-    #[arg(short, long)]
+    /// Threads (default: the machine's available parallelism; at most that many).
+    #[arg(short, long, value_parser = super::flags::threads, allow_negative_numbers = true)]
     pub threads: Option<u32>,
     /// Flash attention.
     #[arg(long, value_enum, default_value_t = FlashAttnArg::Auto)]

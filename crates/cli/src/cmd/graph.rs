@@ -23,7 +23,7 @@ pub struct GraphArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Tokens in the chunk.
-    #[arg(short = 'p', long, default_value_t = 512)]
+    #[arg(short = 'p', long, default_value_t = 512, value_parser = super::flags::at_least_one)]
     chunk: u32,
     /// Tokens already in the context (the context is filled first, which computes them).
     #[arg(short = 'd', long, default_value_t = 0)]
@@ -86,6 +86,7 @@ pub fn run(args: GraphArgs) -> Result<ExitCode> {
         let mut engine = super::common::load_llama(&model_args, true)?;
         let capture = engine.capture_graph(&work)?;
         let graph = capture.nodes;
+        super::profile::warn_unmatched(args.bands.as_deref(), &graph);
         let arch = &file.arch;
         let cat = Categoriser::new(&rules, arch);
         let assignments = cat.categorise(&graph);
@@ -185,7 +186,7 @@ pub fn run(args: GraphArgs) -> Result<ExitCode> {
                     e.found
                 );
             }
-            Ok(ExitCode::from(3))
+            Ok(ExitCode::from(crate::exit::CHECK_FAILED))
         }
     }
     #[cfg(not(feature = "llama"))]

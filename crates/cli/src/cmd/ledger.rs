@@ -15,7 +15,7 @@ use opledger_core::manifest::Manifest;
 use opledger_core::peaks::Peaks;
 use opledger_core::profile::{analyse, ProfileConfig, ProfileRaw};
 use opledger_core::replay::{measure_replay, ReplayConfig};
-use opledger_core::run_folder::{open_complete, read_json, RunFolder};
+use opledger_core::run_folder::{open_complete, RunFolder};
 use opledger_report::ledger::{ledger_csv, ledger_markdown, ledger_text};
 
 use super::common::ModelArgs;
@@ -48,21 +48,21 @@ pub struct LedgerArgs {
     /// The two engines: the one being optimised first, the reference second.
     #[arg(long, value_delimiter = ',', default_value = "candle,llama.cpp")]
     pub engines: Vec<String>,
-    #[arg(short = 'p', long, default_value_t = 512)]
+    #[arg(short = 'p', long, default_value_t = 512, value_parser = super::flags::at_least_one)]
     pub chunk: u32,
     #[arg(short = 'd', long, default_value_t = 0)]
     pub depth: u32,
     /// Profile cycles (share x wall).
-    #[arg(short = 'r', long, default_value_t = 5)]
+    #[arg(short = 'r', long, default_value_t = 5, value_parser = super::flags::at_least_one)]
     pub cycles: u32,
     /// Methods: `share` (TIMED share x FUSED wall) and `replay` (in-graph replay).
     #[arg(long, value_delimiter = ',', default_value = "share,replay")]
     pub method: Vec<String>,
     /// Extra dispatches per replayed node.
-    #[arg(short = 'k', long, default_value_t = 4)]
+    #[arg(short = 'k', long, default_value_t = 4, value_parser = super::flags::at_least_one)]
     pub k: u32,
     /// Replay cycles.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = super::flags::at_least_one)]
     pub replay_cycles: u32,
     #[arg(short, long)]
     pub output: Option<PathBuf>,
@@ -97,7 +97,7 @@ fn print_report(report: &LedgerReport, format: LedgerFormat) -> Result<()> {
 
 fn side_of_run(dir: &Path) -> Result<Side> {
     let dir = open_complete(dir)?;
-    let m: Manifest = read_json(&dir.join("manifest.json"))?;
+    let m = Manifest::read(&dir.join("manifest.json"))?;
     if m.command != "profile" {
         bail!(
             "{}: a '{}' run; compare takes profile runs",
@@ -105,7 +105,7 @@ fn side_of_run(dir: &Path) -> Result<Side> {
             m.command
         );
     }
-    let raw: ProfileRaw = read_json(&dir.join("raw.json"))?;
+    let raw = ProfileRaw::read(&dir.join("raw.json"))?;
     let (assignments, summary) = analyse(&raw, &m.band_rules, &m.model.arch)?;
     let mut side = Side::from_summary(
         &format!(
@@ -117,14 +117,15 @@ fn side_of_run(dir: &Path) -> Result<Side> {
         &m.model.arch.arch,
         &summary,
     );
-    side.work = band_work(&raw.graph, &assignments, &BTreeMap::new());
+    side.work = band_work(&raw.graph, &assignments, &BTreeMap::new(), &raw.config.work);
     Ok(side)
 }
 
 pub fn run_compare(args: CompareArgs) -> Result<ExitCode> {
     let a = side_of_run(&args.run_a)?;
     let b = side_of_run(&args.run_b)?;
-    let ledger = compare(a, b, args.force)?;
+    // stored runs carry no peaks (and may come from another machine): no roofline verdict
+    let ledger = compare(a, b, args.force, None)?;
     let report = LedgerReport {
         ledger,
         replay_a: None,
@@ -132,6 +133,8 @@ pub fn run_compare(args: CompareArgs) -> Result<ExitCode> {
         peaks: None,
         notes: vec![
             "bytes count every expert of an expert matmul (routing not stored): an upper bound"
+                .into(),
+            "no peaks are measured for stored runs: what limits a band is not judged (`opledger ledger` measures them)"
                 .into(),
         ],
     };
@@ -180,7 +183,7 @@ pub fn run_ledger(args: LedgerArgs) -> Result<ExitCode> {
     model_args.model = Some(model_path.clone());
     let cfg = ProfileConfig {
         work: Work::prefill(args.chunk, args.depth),
-        cycles: args.cycles.max(1),
+        cycles: args.cycles,
         warmup: 1,
         overhead_pairs: 0,
         gate: Default::default(),
@@ -218,7 +221,12 @@ pub fn run_ledger(args: LedgerArgs) -> Result<ExitCode> {
                 "{name}: expert bytes count every expert (routing unknown)"
             ));
         }
-        side.work = band_work(&raw.graph, &assignments, &routed.unwrap_or_default());
+        side.work = band_work(
+            &raw.graph,
+            &assignments,
+            &routed.unwrap_or_default(),
+            &cfg.work,
+        );
         let mut replay_result = None;
         if replay {
             engine.prepare(&cfg.work)?;
@@ -278,7 +286,7 @@ pub fn run_ledger(args: LedgerArgs) -> Result<ExitCode> {
     bar.finish_and_clear();
     let b = sides.pop().expect("two sides");
     let a = sides.pop().expect("two sides");
-    let ledger = compare(a, b, false)?;
+    let ledger = compare(a, b, false, peaks.as_ref())?;
     let replay_b = replays.pop().flatten();
     let replay_a = replays.pop().flatten();
     let report = LedgerReport {
@@ -318,7 +326,7 @@ pub fn run_ledger(args: LedgerArgs) -> Result<ExitCode> {
         .iter()
         .any(|r| r.as_ref().is_some_and(|r| !r.outputs_identical));
     Ok(if bad_replay {
-        ExitCode::from(3)
+        ExitCode::from(crate::exit::CHECK_FAILED)
     } else {
         ExitCode::SUCCESS
     })

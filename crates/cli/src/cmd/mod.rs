@@ -3,6 +3,7 @@
 pub mod ab;
 pub mod common;
 pub mod engines;
+pub mod flags;
 pub mod graph;
 pub mod ledger;
 pub mod ops;

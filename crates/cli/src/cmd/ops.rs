@@ -22,7 +22,7 @@ pub struct OpsArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Tokens in the chunk.
-    #[arg(short = 'p', long, default_value_t = 512)]
+    #[arg(short = 'p', long, default_value_t = 512, value_parser = super::flags::at_least_one)]
     pub chunk: u32,
     /// Tokens already in the context.
     #[arg(short = 'd', long, default_value_t = 0)]
@@ -35,10 +35,10 @@ pub struct OpsArgs {
     )]
     pub routing: Vec<String>,
     /// Profile cycles for the in-graph band times.
-    #[arg(short = 'r', long, default_value_t = 3)]
+    #[arg(short = 'r', long, default_value_t = 3, value_parser = super::flags::at_least_one)]
     pub cycles: u32,
     /// Timed repetitions of each op alone.
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = 15, value_parser = super::flags::at_least_one)]
     pub reps: u32,
     /// Input copies rotated over, up to this many MiB per op (weights not all cache-warm).
     #[arg(long, default_value_t = 256)]
@@ -85,7 +85,7 @@ pub fn run(args: OpsArgs) -> Result<ExitCode> {
         let mut engine = super::common::load_llama(&model_args, false)?;
         let cfg = ProfileConfig {
             work: Work::prefill(args.chunk, args.depth),
-            cycles: args.cycles.max(1),
+            cycles: args.cycles,
             warmup: 1,
             overhead_pairs: 0,
             gate: Default::default(),

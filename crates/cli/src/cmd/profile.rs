@@ -9,6 +9,7 @@ use clap::Args;
 use opledger_core::band::BandRules;
 use opledger_core::engine::Work;
 use opledger_core::manifest::{Manifest, ModelRecord, MANIFEST_SCHEMA_VERSION};
+use opledger_core::node::NodeInfo;
 use opledger_core::profile::{self, CheckStatus, ProfileConfig, ProfileRaw, ProfileSummary};
 use opledger_core::run_folder::RunFolder;
 use opledger_core::system::SystemSnapshot;
@@ -27,13 +28,13 @@ pub struct ProfileArgs {
     #[arg(long, value_enum, default_value_t = EngineKind::LlamaCpp)]
     pub engine: EngineKind,
     /// Tokens in the measured chunk (one ubatch).
-    #[arg(short = 'p', long, default_value_t = 512)]
+    #[arg(short = 'p', long, default_value_t = 512, value_parser = super::flags::at_least_one)]
     pub chunk: u32,
     /// Tokens already in the context (filled untimed before measuring).
     #[arg(short = 'd', long, default_value_t = 0)]
     pub depth: u32,
     /// Measured cycles (each: FUSED, FUSED with the instrument, TIMED).
-    #[arg(short = 'r', long, default_value_t = 5)]
+    #[arg(short = 'r', long, default_value_t = 5, value_parser = super::flags::at_least_one)]
     pub cycles: u32,
     /// Unmeasured warm-up cycles.
     #[arg(long, default_value_t = 1)]
@@ -44,11 +45,11 @@ pub struct ProfileArgs {
     pub decode: u32,
     /// Sequences decoded together (parallel decode); several values (`1,2,4,8`) profile each in
     /// one command and tabulate them side by side.
-    #[arg(long, value_delimiter = ',', default_value = "1")]
+    #[arg(long, value_delimiter = ',', default_value = "1", value_parser = super::flags::at_least_one)]
     pub parallel: Vec<u32>,
-    /// Noise gate: reject and retake a run while other processes used more than this share of
-    /// the machine's CPU time.
-    #[arg(long, default_value_t = opledger_core::noise::DEFAULT_MAX_OTHERS)]
+    /// Noise gate: reject and retake a run during which the busiest other process used more
+    /// than this share of one CPU, or all others more than this share of the machine (0..=1).
+    #[arg(long, default_value_t = opledger_core::noise::DEFAULT_MAX_OTHERS, value_parser = super::flags::share, allow_negative_numbers = true)]
     pub noise_gate: f64,
     /// Turn the noise gate off.
     #[arg(long)]
@@ -75,15 +76,42 @@ pub struct ProfileArgs {
     pub quiet: bool,
 }
 
-/// The band rules: a file given by the user, else the built-in set of the architecture.
+/// The band rules: a file given by the user (which must name the model's architecture), else
+/// the built-in set of the architecture.
 pub fn load_rules(path: Option<&Path>, arch: &str) -> Result<BandRules> {
     match path {
         Some(p) => {
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            Ok(BandRules::parse(&text, &p.display().to_string())?)
+            let file = p.display().to_string();
+            let rules = BandRules::parse(&text, &file)?;
+            rules.check_arch(arch, &file)?;
+            Ok(rules)
         }
         None => Ok(BandRules::builtin(arch)?),
+    }
+}
+
+/// Warns, before measuring, about the keys of a user's band file (`path`) that match no op,
+/// weight or node name of the captured graph: most likely typos, which would otherwise show
+/// only as a coverage failure after the measurement. Only the keys the file itself writes are
+/// checked, not those of the generic set it may extend (which names every architecture's
+/// tensors), nor the built-in sets.
+pub fn warn_unmatched(path: Option<&Path>, graph: &[NodeInfo]) {
+    let Some(p) = path else { return };
+    let file = p.display().to_string();
+    // load_rules has read and parsed this file already; a file that changed since is not
+    // checked again here
+    let Ok(own) = std::fs::read_to_string(p)
+        .map_err(|_| ())
+        .and_then(|t| BandRules::parse_unmerged(&t, &file).map_err(|_| ()))
+    else {
+        return;
+    };
+    for key in own.unmatched_keys(graph) {
+        eprintln!(
+            "warning: {file}: {key} matches no op, weight or node name of this model's graph"
+        );
     }
 }
 
@@ -164,9 +192,6 @@ pub fn render_profile(
 }
 
 pub fn run(args: ProfileArgs) -> Result<ExitCode> {
-    if args.chunk == 0 || args.cycles == 0 {
-        bail!("--chunk and --cycles must be at least 1");
-    }
     if args.parallel.is_empty() || args.parallel.contains(&0) {
         bail!("--parallel takes sequence counts of at least 1");
     }
@@ -212,15 +237,20 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
         for &p in &args.parallel {
             let mut cfg = cfg.clone();
             cfg.work.parallel = p;
-            let raw = profile::measure(engine.as_mut(), &cfg, &mut |phase, done, total| {
-                bar.set_message(if several {
-                    format!("P={p} {phase}")
-                } else {
-                    phase.to_string()
-                });
-                bar.set_length(total as u64);
-                bar.set_position(done as u64);
-            })
+            let raw = profile::measure_with(
+                engine.as_mut(),
+                &cfg,
+                &mut |phase, done, total| {
+                    bar.set_message(if several {
+                        format!("P={p} {phase}")
+                    } else {
+                        phase.to_string()
+                    });
+                    bar.set_length(total as u64);
+                    bar.set_position(done as u64);
+                },
+                &mut |graph| warn_unmatched(args.bands.as_deref(), graph),
+            )
             .with_context(|| format!("measuring (parallel {p})"))?;
             let m = manifest("profile", &file, &model_path, engine.info(), &rules)?;
             let prefix = if several {
@@ -280,7 +310,7 @@ pub fn exit_code(summary: &ProfileSummary) -> ExitCode {
         {
             eprintln!("check failed: {}: {}", c.name, c.detail);
         }
-        ExitCode::from(3)
+        ExitCode::from(crate::exit::CHECK_FAILED)
     } else {
         ExitCode::SUCCESS
     }

@@ -9,12 +9,13 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use opledger_core::ab::AbReport;
+use opledger_core::ab::{AbReport, AB_SCHEMA_VERSION};
 use opledger_core::manifest::Manifest;
 use opledger_core::node::NodeInfo;
 use opledger_core::profile::{CheckStatus, ProfileRaw};
-use opledger_core::run_folder::{open_complete, read_json, RunFolder};
+use opledger_core::run_folder::{open_complete, read_json, read_versioned, RunFolder};
 use opledger_core::sweep::{load_folder, SweepConfig};
+use opledger_core::waste::WASTE_SCHEMA_VERSION;
 use opledger_report::perfetto::TraceTracks;
 use opledger_report::render::{available, file_name};
 use opledger_report::{
@@ -96,10 +97,10 @@ enum Stored {
 }
 
 fn load(dir: &Path) -> Result<Stored> {
-    let m: Manifest = read_json(&dir.join("manifest.json"))?;
+    let m = Manifest::read(&dir.join("manifest.json"))?;
     Ok(match m.command.as_str() {
         "profile" => {
-            let raw = read_json(&dir.join("raw.json"))?;
+            let raw = ProfileRaw::read(&dir.join("raw.json"))?;
             Stored::Profile(m, raw)
         }
         "sweep" => {
@@ -113,19 +114,19 @@ fn load(dir: &Path) -> Result<Stored> {
             Stored::Sweep(m, cfg, graph, decode_graph)
         }
         "ab" => {
-            let r = read_json(&dir.join("ab.json"))?;
+            let mut r: AbReport = read_versioned(&dir.join("ab.json"), AB_SCHEMA_VERSION)?;
+            r.upgrade();
             Stored::Ab(m, r)
         }
         "waste" => {
-            let raw = read_json(&dir.join("raw.json"))?;
+            let raw = ProfileRaw::read(&dir.join("raw.json"))?;
             // where the timings came from is recorded in the summary only
-            let source = read_json::<serde_json::Value>(&dir.join("summary.json"))
-                .ok()
-                .and_then(|v| {
-                    v.get("source_run")
-                        .and_then(|s| s.as_str())
-                        .map(String::from)
-                });
+            let summary: serde_json::Value =
+                read_versioned(&dir.join("summary.json"), WASTE_SCHEMA_VERSION)?;
+            let source = summary
+                .get("source_run")
+                .and_then(|s| s.as_str())
+                .map(String::from);
             Stored::Waste(m, raw, source)
         }
         other => bail!(
@@ -216,7 +217,7 @@ pub fn run(args: ReportArgs) -> Result<ExitCode> {
 }
 
 /// 3 when a check failed (as the measuring command would exit), 4 for an A/B refused by the
-/// correctness gate, else 0.
+/// correctness gate, 5 for an inconclusive one, else 0.
 fn exit_code(view: &RunView) -> ExitCode {
     let failed: Vec<(String, String)> = match view {
         RunView::Profile(v) => v
@@ -233,11 +234,8 @@ fn exit_code(view: &RunView) -> ExitCode {
             .filter(|c| c.status == CheckStatus::Fail)
             .map(|c| (c.name.clone(), c.detail.clone()))
             .collect(),
-        RunView::Ab(v) if v.report.verdict.starts_with("refused") => {
-            eprintln!("verdict: {}", v.report.verdict);
-            return ExitCode::from(4);
-        }
-        RunView::Ab(_) | RunView::Waste(_) => Vec::new(),
+        RunView::Ab(v) => return super::ab::ab_exit_code(v.report),
+        RunView::Waste(_) => Vec::new(),
     };
     for (name, detail) in &failed {
         eprintln!("check failed: {name}: {detail}");
@@ -245,6 +243,6 @@ fn exit_code(view: &RunView) -> ExitCode {
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(3)
+        ExitCode::from(crate::exit::CHECK_FAILED)
     }
 }

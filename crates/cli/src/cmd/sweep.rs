@@ -26,20 +26,20 @@ pub struct SweepArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Tokens in each chunk (one ubatch).
-    #[arg(short = 'p', long, default_value_t = 512)]
+    #[arg(short = 'p', long, default_value_t = 512, value_parser = super::flags::at_least_one)]
     pub chunk: u32,
     /// The deepest probe: chunks at depths 0, chunk, 2 x chunk, ... up to this.
     #[arg(long, required_unless_present = "resume")]
     pub max_depth: Option<u32>,
     /// Cycles (each: one pass in which every depth is measured FUSED and TIMED back to back).
-    #[arg(short = 'r', long, default_value_t = 3)]
+    #[arg(short = 'r', long, default_value_t = 3, value_parser = super::flags::at_least_one)]
     pub cycles: u32,
     /// Decode steps measured after every chunk (token generation at every depth): this many
     /// steps of one token per sequence, on sequences forked from the context and removed after.
     #[arg(short = 'n', long = "decode", default_value_t = 0)]
     pub decode: u32,
     /// Sequences decoding together in those steps.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = super::flags::at_least_one)]
     pub parallel: u32,
     /// Request logits for every token of each chunk.
     #[arg(long)]
@@ -88,7 +88,9 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
         model_args.model = Some(model_path.clone());
         if args.resume.is_some() {
             // the sweep continues with the threads it started with
-            model_args.threads = Some(m.engine.threads);
+            let threads = super::flags::check_threads(m.engine.threads, super::flags::cpus())
+                .map_err(|e| anyhow::anyhow!("{}: resuming: {e}", folder.path().display()))?;
+            model_args.threads = Some(threads);
         }
         let mut engine = super::common::load_llama(&model_args, false)?;
         let decode = cfg.decode.map(|d| (d.steps, d.parallel));
@@ -98,6 +100,9 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
             Some(d) => engine.sweep_decode_graph(d.parallel)?,
             None => Vec::new(),
         };
+        if args.resume.is_none() {
+            super::profile::warn_unmatched(args.bands.as_deref(), &graph);
+        }
         if args.resume.is_some() {
             let stored: Vec<NodeInfo> = read_json(&folder.path().join("graph.json"))?;
             let ops = |g: &[NodeInfo]| g.iter().map(|n| n.op.clone()).collect::<Vec<_>>();
@@ -157,7 +162,7 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
         for name in DERIVED {
             folder.remove_derived(name)?;
         }
-        let m: Manifest = read_json(&folder.path().join("manifest.json"))?;
+        let m = Manifest::read(&folder.path().join("manifest.json"))?;
         let summary = render_sweep(folder.path(), &m, &cfg, |name, bytes| {
             folder.write(name, bytes).map(|_| ()).map_err(Into::into)
         })?;
@@ -174,20 +179,21 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
 
 /// A new sweep: validate, check memory, create the folder.
 fn start(args: &SweepArgs) -> Result<(RunFolder, Manifest, SweepConfig, PathBuf)> {
+    let max_depth = args.max_depth.unwrap_or(0);
+    if max_depth < args.chunk {
+        bail!(
+            "--max-depth {max_depth} is below the chunk ({} tokens): a sweep measures depths 0, \
+             {0}, 2 x {0}, ... and needs at least two to fit a line; give --max-depth {0} or more",
+            args.chunk
+        );
+    }
     let model_path = args.model.path()?;
     let file = ModelFile::open(&model_path)?;
     super::common::print_notes(&file);
     let rules = load_rules(args.bands.as_deref(), &file.arch.arch)?;
-    if args.chunk == 0 || args.cycles == 0 {
-        bail!("--chunk and --cycles must be at least 1");
-    }
-    if args.parallel == 0 {
-        bail!("--parallel takes a sequence count of at least 1");
-    }
     if args.decode == 0 && args.parallel != 1 {
         bail!("--parallel applies to the decode steps (-n N)");
     }
-    let max_depth = args.max_depth.unwrap_or(0);
     let cfg = SweepConfig {
         work: Work {
             chunk_tokens: args.chunk,
@@ -249,12 +255,13 @@ fn start(args: &SweepArgs) -> Result<(RunFolder, Manifest, SweepConfig, PathBuf)
 /// An interrupted sweep: its folder, manifest and settings; the model must be unchanged.
 fn reopen(dir: &Path) -> Result<(RunFolder, Manifest, SweepConfig, PathBuf)> {
     let folder = RunFolder::resume(dir)?;
-    let m: Manifest = read_json(&dir.join("manifest.json")).with_context(|| {
-        format!(
+    if !dir.join("manifest.json").exists() {
+        bail!(
             "{}: the sweep was interrupted before it started measuring; start a new one",
             dir.display()
-        )
-    })?;
+        );
+    }
+    let m = Manifest::read(&dir.join("manifest.json"))?;
     if m.command != "sweep" {
         bail!("{}: a '{}' run, not a sweep", dir.display(), m.command);
     }
@@ -325,6 +332,6 @@ fn exit_code(summary: &SweepSummary) -> ExitCode {
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(3)
+        ExitCode::from(crate::exit::CHECK_FAILED)
     }
 }

@@ -10,7 +10,7 @@ use clap::Args;
 use opledger_core::engine::Work;
 use opledger_core::manifest::Manifest;
 use opledger_core::profile::{ProfileConfig, ProfileRaw};
-use opledger_core::run_folder::{fresh_run_path, open_complete, read_json, RunFolder};
+use opledger_core::run_folder::{fresh_run_path, open_complete, RunFolder};
 use opledger_core::waste::WasteSummary;
 use opledger_report::{Format, RenderOptions, RunView, WasteView};
 
@@ -22,13 +22,13 @@ pub struct WasteArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Tokens in the measured chunk (one ubatch).
-    #[arg(short = 'p', long, default_value_t = 512)]
+    #[arg(short = 'p', long, default_value_t = 512, value_parser = super::flags::at_least_one)]
     pub chunk: u32,
     /// Tokens already in the context (filled untimed before measuring).
     #[arg(short = 'd', long, default_value_t = 0)]
     pub depth: u32,
     /// Measured cycles (each: FUSED, FUSED with the instrument, TIMED).
-    #[arg(short = 'r', long, default_value_t = 3)]
+    #[arg(short = 'r', long, default_value_t = 3, value_parser = super::flags::at_least_one)]
     pub cycles: u32,
     /// Unmeasured warm-up cycles.
     #[arg(long, default_value_t = 1)]
@@ -85,7 +85,7 @@ pub fn render_waste(
 /// The manifest and raw data of a stored profile run, re-labelled as this waste run.
 fn from_stored(dir: &Path, bands: Option<&Path>) -> Result<(Manifest, ProfileRaw)> {
     let dir = open_complete(dir)?;
-    let mut m: Manifest = read_json(&dir.join("manifest.json"))?;
+    let mut m = Manifest::read(&dir.join("manifest.json"))?;
     if m.command != "profile" && m.command != "waste" {
         bail!(
             "{}: a '{}' run; waste reads profile (or waste) runs",
@@ -93,9 +93,10 @@ fn from_stored(dir: &Path, bands: Option<&Path>) -> Result<(Manifest, ProfileRaw
             m.command
         );
     }
-    let raw: ProfileRaw = read_json(&dir.join("raw.json"))?;
+    let raw = ProfileRaw::read(&dir.join("raw.json"))?;
     if let Some(p) = bands {
         m.band_rules = load_rules(Some(p), &m.model.arch.arch)?;
+        super::profile::warn_unmatched(Some(p), &raw.graph);
     }
     m.command = "waste".into();
     m.tool = format!("opledger {}", env!("CARGO_PKG_VERSION"));
@@ -126,11 +127,16 @@ fn measured(args: &WasteArgs, model_path: &Path) -> Result<(Manifest, ProfileRaw
     model_args.model = Some(model_path.to_path_buf());
     let mut engine = super::common::load_llama(&model_args, false)?;
     let bar = crate::progress::steps_bar(args.quiet || args.json);
-    let raw = opledger_core::profile::measure(&mut engine, &cfg, &mut |phase, done, total| {
-        bar.set_message(phase.to_string());
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-    })
+    let raw = opledger_core::profile::measure_with(
+        &mut engine,
+        &cfg,
+        &mut |phase, done, total| {
+            bar.set_message(phase.to_string());
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        },
+        &mut |graph| super::profile::warn_unmatched(args.bands.as_deref(), graph),
+    )
     .context("measuring")?;
     bar.finish_and_clear();
     let m = super::profile::manifest("waste", &file, model_path, engine.info(), &rules)?;
@@ -146,41 +152,34 @@ fn measured(_: &WasteArgs, _: &Path) -> Result<(Manifest, ProfileRaw)> {
 }
 
 pub fn run(args: WasteArgs) -> Result<ExitCode> {
-    if args.chunk == 0 || args.cycles == 0 {
-        bail!("--chunk and --cycles must be at least 1");
-    }
-    let (label, model_path) = match &args.run {
-        Some(dir) => (
-            dir.file_name()
+    let out_for = |label: &str| {
+        args.output
+            .clone()
+            .unwrap_or_else(|| fresh_run_path(Path::new("runs"), "waste", label, &utc_stamp()))
+    };
+    let (folder, m, raw, source) = match &args.run {
+        Some(dir) => {
+            // read (and refuse) the stored run before creating anything
+            let (m, raw) = from_stored(dir, args.bands.as_deref())?;
+            let label = dir
+                .file_name()
                 .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "run".into()),
-            None,
-        ),
+                .unwrap_or_else(|| "run".into());
+            let folder = RunFolder::create(&out_for(&label))?;
+            (folder, m, raw, Some(dir.display().to_string()))
+        }
         None => {
             let p = args.model.path()?;
             let label = p
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "model".into());
-            (label, Some(p))
+            // Create the folder first: a taken name fails before minutes of measuring (a
+            // measurement that fails leaves it empty, and it is removed).
+            let folder = RunFolder::create(&out_for(&label))?;
+            let (m, raw) = measured(&args, &p)?;
+            (folder, m, raw, None)
         }
-    };
-    let out = args
-        .output
-        .clone()
-        .unwrap_or_else(|| fresh_run_path(Path::new("runs"), "waste", &label, &utc_stamp()));
-    // Create the folder first: a taken name fails before minutes of measuring.
-    let folder = RunFolder::create(&out)?;
-    let (m, raw, source) = match (&args.run, &model_path) {
-        (Some(dir), _) => {
-            let (m, raw) = from_stored(dir, args.bands.as_deref())?;
-            (m, raw, Some(dir.display().to_string()))
-        }
-        (None, Some(p)) => {
-            let (m, raw) = measured(&args, p)?;
-            (m, raw, None)
-        }
-        (None, None) => unreachable!("a model path is found when no run is given"),
     };
     folder.write_json("manifest.json", &m)?;
     folder.write_json("raw.json", &raw)?;

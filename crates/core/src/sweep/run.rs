@@ -137,7 +137,7 @@ pub fn run_sweep(
                     ),
                 );
                 let t_unit = Instant::now();
-                let before = crate::noise::read_ticks();
+                let before = crate::noise::read_snapshot();
                 let t = match (phase, cfg.decode) {
                     (Phase::Prefill, _) => engine.pass_chunk(mode, chunk)?,
                     (Phase::Decode, Some(d)) => {
@@ -147,9 +147,11 @@ pub fn run_sweep(
                         unreachable!("decode units only where the sweep decodes")
                     }
                 };
-                if let (Some(b), Some(a)) = (before, crate::noise::read_ticks()) {
-                    if t.wall_ms >= 20.0
-                        && crate::noise::others_share(b, a) > crate::noise::DEFAULT_MAX_OTHERS
+                // judged as the gate judges: on the wall this process saw, from 20 ms
+                let judged = t_unit.elapsed().as_millis() >= 20;
+                if let (Some(b), Some(a)) = (before, crate::noise::read_snapshot()) {
+                    if judged
+                        && crate::noise::reading(&b, &a).noisy(crate::noise::DEFAULT_MAX_OTHERS)
                     {
                         if let Some((_, log)) = logs[m].as_mut() {
                             log.noisy_chunks += 1;

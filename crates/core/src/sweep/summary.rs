@@ -621,7 +621,7 @@ pub fn summarise_sweep_with_decode(
             CheckStatus::Warn
         },
         detail: format!(
-            "{noisy} units measured while other processes used more than {:.0} % of the CPUs",
+            "{noisy} units measured while the busiest other process used more than {:.0} % of one CPU, or all others more than that share of the machine",
             crate::noise::DEFAULT_MAX_OTHERS * 100.0
         ),
     });

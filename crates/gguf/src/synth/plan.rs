@@ -340,7 +340,9 @@ pub fn layer_shape(preset: &Preset, il: u32) -> LayerShape {
     let mixer = match preset.linear_attention {
         // qwen35moe.cpp / qwen35.cpp / qwen3next.cpp: full attention where (il + 1) %
         // full_attention_interval == 0
-        Some(la) if (il + 1) % la.full_attention_interval.max(1) != 0 => MixerShape::DeltaNet,
+        Some(la) if !(il + 1).is_multiple_of(la.full_attention_interval.max(1)) => {
+            MixerShape::DeltaNet
+        }
         _ => MixerShape::Attention,
     };
     LayerShape {
