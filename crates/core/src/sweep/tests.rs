@@ -395,6 +395,18 @@ fn decode_steps_follow_every_chunk_with_their_isolation_removed() {
             ]
         );
     }
+    // which mode goes first alternates by depth and by cycle: every depth is measured in both
+    // orders over the two cycles
+    let firsts = |cycle: usize| -> Vec<Mode> {
+        e.calls[cycle * 36..(cycle + 1) * 36]
+            .chunks(4)
+            .map(|unit| unit[0].0)
+            .collect()
+    };
+    for (k, (a, b)) in firsts(0).iter().zip(firsts(1)).enumerate() {
+        assert_ne!(*a, b, "depth {k} was measured in one order only");
+    }
+    assert_eq!(firsts(0)[..2], [Mode::Fused, Mode::Timed]);
     let s = summarise_sweep_with_decode(
         &c,
         &rules,
