@@ -159,6 +159,31 @@ pub trait Engine {
         })
     }
 
+    /// Graph launches (each a dispatch of a graph and its synchronisation) that `k` replays of
+    /// one node pay beyond the clones' own work, which a run without replays does not pay:
+    /// llama.cpp computes clones in rounds, one graph per round. 0 where a replay is the op's
+    /// own call again and dispatches nothing more (candle).
+    fn replay_rounds(&self, k: u32) -> u32 {
+        let _ = k;
+        0
+    }
+
+    /// Runs as [`Engine::replay`] with nothing cloned, except that every node where `replay[i]`
+    /// dispatches `rounds` rounds of one trivial clone through the same path as a replay's
+    /// rounds: what the rounds cost beyond the clones' work (see [`Engine::replay_rounds`]).
+    fn replay_launches(
+        &mut self,
+        cut: &[bool],
+        replay: &[bool],
+        rounds: u32,
+    ) -> Result<ChunkTiming, EngineError> {
+        let _ = (cut, replay, rounds);
+        Err(EngineError::Unsupported {
+            what: "replay launch rounds".into(),
+            why: "this engine's replays pay no launch of their own".into(),
+        })
+    }
+
     /// Distinct experts each expert matmul of the prepared chunk really routes to (node index ->
     /// count), from a real run's ids; `None` where the engine cannot tell.
     fn routed_experts(

@@ -384,6 +384,101 @@ impl LlamaEngine {
         Ok(total)
     }
 
+    /// A replay run (see [`Engine::replay`]); with `launches_only`, every marked node dispatches
+    /// `k` rounds of one trivial clone instead of `k` clones (see [`Engine::replay_launches`]).
+    fn replay_run(
+        &mut self,
+        cut: &[bool],
+        replay: &[bool],
+        k: u32,
+        launches_only: bool,
+    ) -> Result<ChunkTiming, EngineError> {
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("replay() before prepare()".into()))?;
+        if work.is_decode() {
+            return Err(EngineError::Unsupported {
+                what: "replay of decode runs".into(),
+                why: "replay measures one prefill chunk".into(),
+            });
+        }
+        if crate::replay::gpu_present() {
+            return Err(EngineError::Unsupported {
+                what: "in-graph replay".into(),
+                why: "a GPU device is present: llama.cpp may offload nodes, and replay clones \
+                      compute on the CPU"
+                    .into(),
+            });
+        }
+        // the scratch size and the node count come from graph() of this very work
+        let expected_nodes = self
+            .graph_ops
+            .as_ref()
+            .map(|ops| ops.len() as u32)
+            .ok_or_else(|| EngineError::Failed("replay() before graph()".into()))?;
+        let scratch = self.replay_scratch_bytes.max(1);
+        let pool = self.pool.clone();
+        let chunk = std::mem::take(&mut self.chunk);
+        let state = std::mem::take(&mut self.state);
+        let result = (|| {
+            let ctx = self.context(Mode::FusedObserved)?;
+            ctx.restore_state(&state)?;
+            ctx.set_observe_mode(ObserveMode::Replay)?;
+            let obs = ctx.observer_mut()?;
+            if obs.replayer.is_none() {
+                obs.replayer = Some(crate::replay::Replayer::new(
+                    &pool,
+                    scratch,
+                    crate::replay::CLONES_PER_ROUND as usize,
+                )?);
+            }
+            if let Some(r) = obs.replayer.as_mut() {
+                r.reset_counts();
+            }
+            obs.plan = crate::replay::ReplayPlan {
+                cut: cut.to_vec(),
+                replay: replay.to_vec(),
+                k,
+                launches_only,
+            };
+            let t0 = Instant::now();
+            ctx.decode(&chunk, work.depth_tokens, work.all_logits)?;
+            let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let hash = hash_f32(&ctx.logits(-1)?);
+            let obs = ctx.observer_mut()?;
+            let nodes_seen = obs.nodes_seen;
+            let (skipped, failed) = obs
+                .replayer
+                .as_ref()
+                .map(|r| (r.skipped, r.failed))
+                .unwrap_or((0, 0));
+            Ok::<_, EngineError>((wall_ms, hash, nodes_seen, skipped, failed))
+        })();
+        self.chunk = chunk;
+        self.state = state;
+        self.last_mode = Some(Mode::FusedObserved);
+        self.pool.pause();
+        let (wall_ms, output_hash, nodes_seen, skipped, failed) = result?;
+        if nodes_seen != expected_nodes {
+            return Err(EngineError::GraphChanged(format!(
+                "the replay run asked about {nodes_seen} nodes, the captured graph has {expected_nodes}"
+            )));
+        }
+        if skipped > 0 || failed > 0 {
+            return Err(EngineError::Failed(format!(
+                "{skipped} node(s) could not be replayed and {failed} replay(s) failed to compute: \
+                 the run's timing would undercount"
+            )));
+        }
+        Ok(ChunkTiming {
+            wall_ms,
+            node_us: Vec::new(),
+            nodes_seen,
+            output_hash,
+        })
+    }
+
     /// The tokens of sweep chunk `index` and its first position.
     fn sweep_tokens(&self, work: &Work, index: u32) -> Result<(Vec<i32>, u32), EngineError> {
         let pos0 = index
@@ -631,85 +726,20 @@ impl Engine for LlamaEngine {
         replay: &[bool],
         k: u32,
     ) -> Result<ChunkTiming, EngineError> {
-        let work = self
-            .work
-            .clone()
-            .ok_or_else(|| EngineError::Failed("replay() before prepare()".into()))?;
-        if work.is_decode() {
-            return Err(EngineError::Unsupported {
-                what: "replay of decode runs".into(),
-                why: "replay measures one prefill chunk".into(),
-            });
-        }
-        if crate::replay::gpu_present() {
-            return Err(EngineError::Unsupported {
-                what: "in-graph replay".into(),
-                why: "a GPU device is present: llama.cpp may offload nodes, and replay clones \
-                      compute on the CPU"
-                    .into(),
-            });
-        }
-        // the scratch size and the node count come from graph() of this very work
-        let expected_nodes = self
-            .graph_ops
-            .as_ref()
-            .map(|ops| ops.len() as u32)
-            .ok_or_else(|| EngineError::Failed("replay() before graph()".into()))?;
-        let scratch = self.replay_scratch_bytes.max(1);
-        let pool = self.pool.clone();
-        let chunk = std::mem::take(&mut self.chunk);
-        let state = std::mem::take(&mut self.state);
-        let result = (|| {
-            let ctx = self.context(Mode::FusedObserved)?;
-            ctx.restore_state(&state)?;
-            ctx.set_observe_mode(ObserveMode::Replay)?;
-            let obs = ctx.observer_mut()?;
-            if obs.replayer.is_none() {
-                obs.replayer = Some(crate::replay::Replayer::new(&pool, scratch, 16)?);
-            }
-            if let Some(r) = obs.replayer.as_mut() {
-                r.reset_counts();
-            }
-            obs.plan = crate::replay::ReplayPlan {
-                cut: cut.to_vec(),
-                replay: replay.to_vec(),
-                k,
-            };
-            let t0 = Instant::now();
-            ctx.decode(&chunk, work.depth_tokens, work.all_logits)?;
-            let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
-            let hash = hash_f32(&ctx.logits(-1)?);
-            let obs = ctx.observer_mut()?;
-            let nodes_seen = obs.nodes_seen;
-            let (skipped, failed) = obs
-                .replayer
-                .as_ref()
-                .map(|r| (r.skipped, r.failed))
-                .unwrap_or((0, 0));
-            Ok::<_, EngineError>((wall_ms, hash, nodes_seen, skipped, failed))
-        })();
-        self.chunk = chunk;
-        self.state = state;
-        self.last_mode = Some(Mode::FusedObserved);
-        self.pool.pause();
-        let (wall_ms, output_hash, nodes_seen, skipped, failed) = result?;
-        if nodes_seen != expected_nodes {
-            return Err(EngineError::GraphChanged(format!(
-                "the replay run asked about {nodes_seen} nodes, the captured graph has {expected_nodes}"
-            )));
-        }
-        if skipped > 0 || failed > 0 {
-            return Err(EngineError::Failed(format!(
-                "{skipped} node(s) could not be replayed and {failed} replay(s) failed to compute: \
-                 the run's timing would undercount"
-            )));
-        }
-        Ok(ChunkTiming {
-            wall_ms,
-            node_us: Vec::new(),
-            nodes_seen,
-            output_hash,
-        })
+        self.replay_run(cut, replay, k, false)
+    }
+
+    fn replay_rounds(&self, k: u32) -> u32 {
+        crate::replay::rounds(k)
+    }
+
+    fn replay_launches(
+        &mut self,
+        cut: &[bool],
+        replay: &[bool],
+        rounds: u32,
+    ) -> Result<ChunkTiming, EngineError> {
+        self.replay_run(cut, replay, rounds, true)
     }
 
     fn routed_experts(&mut self) -> Result<Option<BTreeMap<u32, u32>>, EngineError> {

@@ -93,6 +93,9 @@ impl Observer {
                 let i = self.nodes_seen.saturating_sub(1) as usize;
                 if self.plan.replay.get(i).copied().unwrap_or(false) {
                     if let Some(r) = self.replayer.as_mut() {
+                        if self.plan.launches_only {
+                            return r.launch_rounds(self.plan.k);
+                        }
                         // SAFETY: t is the node the scheduler just computed; its sources are
                         // live tensors of the graph being computed.
                         return unsafe { r.replay(t as *const _ as *mut _, self.plan.k) };
