@@ -131,6 +131,14 @@ pub trait Engine {
     /// graph in the order the engine computes it. Counts as a warm-up run.
     fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError>;
 
+    /// In decode mode, whether [`Engine::graph`] lists every step's nodes one after the other,
+    /// each TIMED node time then being one step's (candle, whose nodes follow each step's
+    /// routing), rather than one step's nodes whose TIMED times sum every step (llama.cpp, whose
+    /// decode steps all compute the same graph).
+    fn graph_lists_every_step(&self) -> bool {
+        false
+    }
+
     /// Restores the prepared state and runs the chunk once in `mode`.
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError>;
 

@@ -70,6 +70,21 @@ pub struct ProfileRaw {
     /// What the noise gate rejected and kept.
     #[serde(default)]
     pub gate: crate::noise::GateStats,
+    /// Decode steps each node's TIMED time sums: every step of the run where the graph is one
+    /// step's (llama.cpp), 1 where the graph lists every step's nodes (candle, see
+    /// [`Engine::graph_lists_every_step`]) and for a prefill chunk. `None` in runs stored before
+    /// it was recorded: every step of the run.
+    #[serde(default)]
+    pub node_steps: Option<u32>,
+}
+
+impl ProfileRaw {
+    /// Decode steps each node's TIMED time sums (1 for a prefill chunk).
+    pub fn node_steps(&self) -> u32 {
+        self.node_steps
+            .unwrap_or(self.config.work.decode_tokens)
+            .max(1)
+    }
 }
 
 /// The orders cycles rotate through: FUSED and FUSED-observed stay adjacent (their ratio is the
@@ -164,6 +179,11 @@ pub fn measure(
         overhead_pairs.push((fused, observed));
     }
     progress("done", 1, 1);
+    let node_steps = if cfg.work.is_decode() && !engine.graph_lists_every_step() {
+        cfg.work.decode_tokens
+    } else {
+        1
+    };
     Ok(ProfileRaw {
         schema_version: PROFILE_SCHEMA_VERSION,
         config: cfg.clone(),
@@ -172,6 +192,7 @@ pub fn measure(
         output_hashes: hashes,
         overhead_pairs,
         gate,
+        node_steps: Some(node_steps),
     })
 }
 
@@ -254,6 +275,9 @@ pub struct ProfileSummary {
     pub isolation_us: f64,
     /// The same per decode step (equal to `isolation_us` for a prefill chunk).
     pub isolation_us_per_step: f64,
+    /// Decode steps each node's TIMED time sums (see [`ProfileRaw::node_steps`]).
+    #[serde(default = "one")]
+    pub node_steps: u32,
     /// `calibration` or `idle nodes`.
     pub isolation_source: String,
     /// The estimate from the graph's nodes that do no work (views, skipped nodes), per node per
@@ -339,8 +363,8 @@ pub fn summarise(
     let tok = tokens.max(1) as f64;
 
     // the isolation cost per node per run, per cycle: the engine's calibration where it has one
-    // (times the steps a decode run sums), else the nodes of the graph that do no work
-    let steps = raw.config.work.decode_tokens.max(1) as f64;
+    // (times the steps a node's time sums), else the nodes of the graph that do no work
+    let steps = raw.node_steps() as f64;
     let idle: Vec<usize> = (0..n).filter(|&i| !raw.graph[i].is_working()).collect();
     let calibrated = raw.cycles.iter().all(|c| c.isolation_us.is_some());
     let mut isolation = Vec::with_capacity(raw.cycles.len());
@@ -643,6 +667,7 @@ pub fn summarise(
         agreement_spread: agreement.spread(),
         isolation_us: isolation.median(),
         isolation_us_per_step: isolation.median() / steps,
+        node_steps: steps as u32,
         isolation_source: if calibrated {
             "calibration"
         } else {
@@ -669,6 +694,10 @@ pub fn summarise(
         audit,
         checks,
     })
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl ProfileSummary {
@@ -861,6 +890,68 @@ mod tests {
         assert!(close(s.isolation_idle_us, 80.0));
         assert!(close(s.agreement_corrected, 0.0));
         assert!(close(s.agreement, 6.0 * 40.0 / 1000.0));
+    }
+
+    /// The mock's decode as an engine whose graph lists every step's nodes one after the other
+    /// (as candle's does): each node's time is one step's.
+    struct EveryStep(MockEngine, u32);
+
+    impl Engine for EveryStep {
+        fn info(&self) -> crate::engine::EngineInfo {
+            self.0.info()
+        }
+        fn prepare(&mut self, work: &Work) -> Result<(), EngineError> {
+            self.1 = work.decode_tokens.max(1);
+            self.0.prepare(work)
+        }
+        fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
+            let one = self.0.graph()?;
+            let n = one.len() as u32;
+            Ok((0..self.1)
+                .flat_map(|step| {
+                    one.iter().map(move |node| {
+                        let mut node = node.clone();
+                        node.index += step * n;
+                        node
+                    })
+                })
+                .collect())
+        }
+        fn run(&mut self, mode: Mode) -> Result<crate::engine::ChunkTiming, EngineError> {
+            let mut r = self.0.run(mode)?;
+            let steps = self.1;
+            let per_step: Vec<f64> = r.node_us.iter().map(|us| us / steps as f64).collect();
+            r.node_us = (0..steps).flat_map(|_| per_step.clone()).collect();
+            Ok(r)
+        }
+        fn isolation_cost_us(&mut self) -> Result<Option<f64>, EngineError> {
+            self.0.isolation_cost_us()
+        }
+        fn graph_lists_every_step(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_graph_of_every_decode_step_removes_the_isolation_cost_once_a_node() {
+        // 2 steps listed one after the other: each node is one step and pays 40 µs once
+        let mut e = MockEngine::new(&NODES);
+        e.isolation_us = 40.0;
+        e.calibration_us = Some(40.0);
+        let mut e = EveryStep(e, 1);
+        let mut c = cfg(3);
+        c.work.decode_tokens = 2;
+        let raw = measure(&mut e, &c, &mut |_, _, _| {}).unwrap();
+        assert_eq!(raw.graph.len(), 2 * NODES.len());
+        assert_eq!(raw.node_steps(), 1);
+        let rules = BandRules::builtin("qwen35moe").unwrap();
+        let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+        let s = analyse(&raw, &rules, &arch).unwrap().1;
+        assert_eq!(s.node_steps, 1);
+        assert!(close(s.isolation_us, 40.0));
+        assert!(close(s.isolation_us_per_step, 40.0));
+        assert!(close(s.agreement, 12.0 * 40.0 / 2000.0));
+        assert!(close(s.agreement_corrected, 0.0));
     }
 
     #[test]

@@ -1354,6 +1354,7 @@ mod tests {
             output_hashes: BTreeMap::new(),
             overhead_pairs: vec![],
             gate: Default::default(),
+            node_steps: Some(1),
         }
     }
 

@@ -864,16 +864,13 @@ impl Engine for LlamaEngine {
 
 /// The tokens of decode step `step`: one per sequence, each sequence its own stream.
 fn decode_step_tokens(work: &Work, step: u32, vocab: u32) -> Vec<i32> {
-    (0..work.parallel.max(1))
-        .map(|s| {
-            filler_tokens(
-                work.token_seed ^ (s as u64 + 1).wrapping_mul(0x9E37_79B9),
-                work.depth_tokens + step,
-                1,
-                vocab,
-            )[0]
-        })
-        .collect()
+    opledger_core::tokens::decode_step_tokens(
+        work.token_seed,
+        work.depth_tokens,
+        step,
+        work.parallel,
+        vocab,
+    )
 }
 
 /// What the instrument does in each mode (the plain context has none).
