@@ -161,3 +161,25 @@ fn depth_state_is_restored_between_runs() {
         assert_eq!(e.run(mode).unwrap().output_hash, first, "{mode:?}");
     }
 }
+
+#[test]
+fn isolation_is_calibrated_through_the_scheduler_and_the_callback() {
+    // The calibration's trivial nodes take TIMED mode's path: every node asked, computed alone
+    // by a scheduler, observed by the instrument's callback. That path holds the bare graph
+    // compute of earlier calibrations plus the scheduler's and the callback's work, so its
+    // per-node cost is not below the bare one. Timing on two shared cores: medians of 64 x 9
+    // nodes, and the bound allows 1 µs of noise.
+    let _backend = opledger_llama::Backend::init(false);
+    let pool = opledger_llama::ThreadPool::new(2).unwrap();
+    let c = opledger_llama::calibrate::isolation_cost(&pool, 64, 9).unwrap();
+    eprintln!("{c:?}");
+    assert_eq!(c.nodes, 64);
+    assert_eq!(c.observed, 64 * 9, "every node went through the callback");
+    assert!(c.timed_us.is_finite() && c.fused_us > 0.0);
+    assert!(
+        c.per_node_us + 1.0 >= c.bare_per_node_us,
+        "through the callback {:.2} µs a node, bare {:.2} µs",
+        c.per_node_us,
+        c.bare_per_node_us
+    );
+}
