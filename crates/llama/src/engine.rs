@@ -516,7 +516,20 @@ impl LlamaEngine {
         reps: u32,
         rotate_bytes: u64,
     ) -> Result<crate::optime::OpTime, LlamaError> {
-        crate::optime::time_node(
+        self.time_node_flushed(node, routing, reps, rotate_bytes, 0)
+    }
+
+    /// [`LlamaEngine::time_node`] with `flush_bytes` written before every repetition (see
+    /// [`crate::optime::OpTimeConfig::flush_bytes`]).
+    pub fn time_node_flushed(
+        &self,
+        node: &NodeInfo,
+        routing: Option<&[i32]>,
+        reps: u32,
+        rotate_bytes: u64,
+        flush_bytes: u64,
+    ) -> Result<crate::optime::OpTime, LlamaError> {
+        let r = crate::optime::time_node(
             &self.pool,
             node,
             routing,
@@ -524,8 +537,11 @@ impl LlamaEngine {
                 repack: !self.cfg.no_repack,
                 rotate_bytes,
                 reps,
+                flush_bytes,
             },
-        )
+        );
+        self.pool.pause();
+        r
     }
 
     /// The graph llama.cpp computes for `work`, described without running the model: one
