@@ -108,6 +108,16 @@ pub struct ChunkTiming {
     pub output_hash: u64,
 }
 
+/// What isolating a node costs in TIMED mode, in µs per node and step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IsolationCalibration {
+    /// On average over the working nodes.
+    pub per_node_us: f64,
+    /// For each node of the captured graph, in graph order (empty: `per_node_us` for every
+    /// node).
+    pub each_node_us: Vec<f64>,
+}
+
 /// An error from an engine, with the engine's own words.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -210,6 +220,18 @@ pub trait Engine {
     /// falls back on the graph's own nodes that do no work).
     fn isolation_cost_us(&mut self) -> Result<Option<f64>, EngineError> {
         Ok(None)
+    }
+
+    /// The isolation cost measured now, per node and step: on average, and where the engine can
+    /// tell, for each node of the captured graph (what isolating a node costs depends on what
+    /// was computed before it). By default the average of [`Engine::isolation_cost_us`] alone.
+    fn calibrate_isolation(&mut self) -> Result<Option<IsolationCalibration>, EngineError> {
+        Ok(self
+            .isolation_cost_us()?
+            .map(|per_node_us| IsolationCalibration {
+                per_node_us,
+                each_node_us: Vec::new(),
+            }))
     }
 
     /// Sets up a cumulative depth sweep of `chunks` chunks of `work.chunk_tokens` (chunk c is

@@ -49,9 +49,12 @@ pub struct CycleRecord {
     /// Per-node microseconds of the TIMED run, in graph order.
     pub node_us: Vec<f64>,
     /// The engine's calibration of the isolation cost, µs per node per step, taken in this
-    /// cycle right after the TIMED run.
+    /// cycle right after the TIMED run: on average over the working nodes, and per node of the
+    /// graph where the engine measures it node by node (empty: the average for every node).
     #[serde(default)]
     pub isolation_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub isolation_node_us: Vec<f64>,
 }
 
 /// Everything measured, as stored in a run folder's `raw.json`; the summary is a pure function
@@ -148,7 +151,12 @@ pub fn measure(
                 graph.len()
             )));
         }
-        let isolation_us = engine.isolation_cost_us()?;
+        let calibration = engine.calibrate_isolation()?;
+        let isolation_us = calibration.as_ref().map(|c| c.per_node_us);
+        let isolation_node_us = calibration
+            .map(|c| c.each_node_us)
+            .filter(|each| each.len() == graph.len())
+            .unwrap_or_default();
         cycles.push(CycleRecord {
             order: order.to_vec(),
             fused_ms: fused.wall_ms,
@@ -156,6 +164,7 @@ pub fn measure(
             timed_wall_ms: timed.wall_ms,
             node_us: timed.node_us,
             isolation_us,
+            isolation_node_us,
         });
     }
     let mut overhead_pairs = Vec::with_capacity(cfg.overhead_pairs as usize);
@@ -278,7 +287,7 @@ pub struct ProfileSummary {
     /// Decode steps each node's TIMED time sums (see [`ProfileRaw::node_steps`]).
     #[serde(default = "one")]
     pub node_steps: u32,
-    /// `calibration` or `idle nodes`.
+    /// `calibration, node by node`, `calibration` or `idle nodes`.
     pub isolation_source: String,
     /// The estimate from the graph's nodes that do no work (views, skipped nodes), per node per
     /// run: a lower bound, since a view is not dispatched to the thread pool.
@@ -379,11 +388,18 @@ pub fn summarise(
             _ => idle_iso,
         };
         isolation.push(iso);
+        // node by node where the engine calibrated each node, else the average for every node
+        let each = calibrated && c.isolation_node_us.len() == n;
         corrected.push(
             (0..n)
                 .map(|i| {
                     if raw.graph[i].is_working() {
-                        (c.node_us[i] - iso).max(0.0)
+                        let iso_i = if each {
+                            c.isolation_node_us[i] * steps
+                        } else {
+                            iso
+                        };
+                        (c.node_us[i] - iso_i).max(0.0)
                     } else {
                         0.0
                     }
@@ -668,12 +684,15 @@ pub fn summarise(
         isolation_us: isolation.median(),
         isolation_us_per_step: isolation.median() / steps,
         node_steps: steps as u32,
-        isolation_source: if calibrated {
-            "calibration"
-        } else {
-            "idle nodes"
-        }
-        .into(),
+        isolation_source:
+            if calibrated && raw.cycles.iter().all(|c| c.isolation_node_us.len() == n) {
+                "calibration, node by node"
+            } else if calibrated {
+                "calibration"
+            } else {
+                "idle nodes"
+            }
+            .into(),
         isolation_idle_us: isolation_idle.median(),
         isolation_nodes: idle.len() as u32,
         agreement_corrected: agreement_corrected.median(),
@@ -952,6 +971,60 @@ mod tests {
         assert!(close(s.isolation_us_per_step, 40.0));
         assert!(close(s.agreement, 12.0 * 40.0 / 2000.0));
         assert!(close(s.agreement_corrected, 0.0));
+    }
+
+    #[test]
+    fn a_node_by_node_calibration_removes_each_node_s_own_isolation() {
+        // the mock's nodes cost their work plus, per step, an isolation that differs from node
+        // to node (a node after a view wakes the pool: 20 µs; the others 1 µs); the engine
+        // calibrated each node. Removing the average (4.8 µs) from every node keeps the total
+        // but takes 3.8 µs of work a step from each cheap node and leaves the woken node 15.2 µs
+        // too long.
+        let mut e = MockEngine::new(&NODES);
+        e.calibration_us = Some(1.0);
+        let mut c = cfg(3);
+        c.work.decode_tokens = 2;
+        let mut raw = measure(&mut e, &c, &mut |_, _, _| {}).unwrap();
+        let each: Vec<f64> = raw
+            .graph
+            .iter()
+            .enumerate()
+            .map(
+                |(i, n)| match (n.is_working(), i > 0 && raw.graph[i - 1].is_view) {
+                    (false, _) => 0.0,
+                    (true, true) => 20.0,
+                    (true, false) => 1.0,
+                },
+            )
+            .collect();
+        let working = raw.graph.iter().filter(|n| n.is_working()).count() as f64;
+        for cycle in &mut raw.cycles {
+            for (t, iso) in cycle.node_us.iter_mut().zip(&each) {
+                *t += iso * 2.0;
+            }
+            cycle.isolation_us = Some(each.iter().sum::<f64>() / working);
+            cycle.isolation_node_us = each.clone();
+        }
+        let rules = BandRules::builtin("qwen35moe").unwrap();
+        let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+        let s = analyse(&raw, &rules, &arch).unwrap().1;
+        assert_eq!(s.isolation_source, "calibration, node by node");
+        assert!(
+            close(s.agreement_corrected, 0.0),
+            "{}",
+            s.agreement_corrected
+        );
+        // the MoE node (after the view) is back to its 500 µs of work a step: half the work
+        assert!(close(s.band("moe").unwrap().share_corrected, 0.5));
+        // with the average alone
+        for cycle in &mut raw.cycles {
+            cycle.isolation_node_us.clear();
+        }
+        let s = analyse(&raw, &rules, &arch).unwrap().1;
+        assert_eq!(s.isolation_source, "calibration");
+        assert!(close(s.agreement_corrected, 0.0));
+        let moe = s.band("moe").unwrap().share_corrected;
+        assert!(close(moe, (1000.0 + 2.0 * 15.2) / 2000.0), "{moe}");
     }
 
     #[test]

@@ -1349,6 +1349,7 @@ mod tests {
                     timed_wall_ms: fused_ms,
                     node_us: t.to_vec(),
                     isolation_us: None,
+                    isolation_node_us: vec![],
                 })
                 .collect(),
             output_hashes: BTreeMap::new(),

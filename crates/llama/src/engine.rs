@@ -88,6 +88,8 @@ pub struct LlamaEngine {
     sweep: Option<(u32, Option<(Mode, u32)>)>,
     /// The ops of the captured graph, to check that TIMED runs compute the same graph.
     graph_ops: Option<Vec<u32>>,
+    /// How ggml dispatches each node of the captured graph (the calibration graph follows it).
+    graph_dispatch: Vec<crate::calibrate::Dispatch>,
     load_ms: f64,
     /// The mode of the last run, whose context holds the logits.
     last_mode: Option<Mode>,
@@ -120,6 +122,7 @@ impl LlamaEngine {
             state: Vec::new(),
             sweep: None,
             graph_ops: None,
+            graph_dispatch: Vec::new(),
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
             last_mode: None,
             replay_scratch_bytes: 0,
@@ -690,12 +693,26 @@ impl Engine for LlamaEngine {
             Ok::<_, EngineError>((
                 std::mem::take(&mut obs.captured),
                 std::mem::take(&mut obs.ops),
+                std::mem::take(&mut obs.all_threads),
             ))
         })();
         self.chunk = chunk;
         self.state = state;
-        let (nodes, ops) = result?;
+        let (nodes, ops, all_threads) = result?;
         self.graph_ops = Some(ops);
+        self.graph_dispatch = nodes
+            .iter()
+            .zip(all_threads.iter().chain(std::iter::repeat(&true)))
+            .map(|(n, &all)| {
+                if !n.is_working() {
+                    crate::calibrate::Dispatch::Idle
+                } else if all {
+                    crate::calibrate::Dispatch::AllThreads
+                } else {
+                    crate::calibrate::Dispatch::OneThread
+                }
+            })
+            .collect();
         self.replay_scratch_bytes = nodes
             .iter()
             .map(|n| n.out.size_bytes as usize)
@@ -732,8 +749,24 @@ impl Engine for LlamaEngine {
     }
 
     fn isolation_cost_us(&mut self) -> Result<Option<f64>, EngineError> {
-        let c = crate::calibrate::isolation_cost(&self.pool, 64, 3)?;
-        Ok(Some(c.per_node_us))
+        Ok(self.calibrate_isolation()?.map(|c| c.per_node_us))
+    }
+
+    fn calibrate_isolation(
+        &mut self,
+    ) -> Result<Option<opledger_core::engine::IsolationCalibration>, EngineError> {
+        // a calibration graph dispatched as the captured graph is, node for node
+        let c = crate::calibrate::isolation_cost(&self.pool, &self.graph_dispatch, 5)?;
+        let each_node_us = if c.each_node_us.len() == self.graph_dispatch.len() {
+            c.each_node_us
+        } else {
+            // no graph captured yet: the average for every node
+            Vec::new()
+        };
+        Ok(Some(opledger_core::engine::IsolationCalibration {
+            per_node_us: c.per_node_us,
+            each_node_us,
+        }))
     }
 
     fn replay(
