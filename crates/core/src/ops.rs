@@ -165,7 +165,8 @@ pub struct OpRow {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OpsBandRow {
     pub band: String,
-    /// TIMED share x FUSED wall / tokens, from a profile of the same work.
+    /// TIMED share x FUSED wall / tokens, from a profile of the same work (decode: the share
+    /// with the isolation cost removed).
     pub in_graph_ms_per_token: f64,
     /// Per-call time x count / tokens, per routing.
     pub standalone_ms_per_token: BTreeMap<String, f64>,

@@ -30,7 +30,12 @@ pub fn ops_text(title: &str, s: &OpsSummary) -> String {
     };
     let _ = writeln!(out, "{title}\n{work}\n{cache}\n");
     let routings: Vec<&str> = s.routings.iter().map(|r| r.name()).collect();
-    let mut header = vec!["band", "in-graph ms/token"];
+    let mut header = vec![if s.decode_tokens > 0 {
+        "in-graph ms/token (isolation removed)"
+    } else {
+        "in-graph ms/token"
+    }];
+    header.insert(0, "band");
     let named: Vec<String> = routings.iter().map(|r| format!("alone, {r}")).collect();
     header.extend(named.iter().map(String::as_str));
     let mut rows: Vec<Vec<String>> = s

@@ -255,10 +255,19 @@ pub fn run(args: OpsArgs) -> Result<ExitCode> {
         }
         bar.finish_and_clear();
         let bands: Vec<String> = rules.bands.iter().map(|b| b.name.clone()).collect();
+        // decode: the shares with each node's isolation removed (a decode node's work is small
+        // beside what isolating it costs)
         let in_graph: BTreeMap<String, f64> = summary
             .bands
             .iter()
-            .map(|b| (b.band.clone(), b.ms_per_token))
+            .map(|b| {
+                let ms = if decode {
+                    b.ms_per_token_corrected
+                } else {
+                    b.ms_per_token
+                };
+                (b.band.clone(), ms)
+            })
             .collect();
         let moe = rules.ffn_band.clone().filter(|_| file.arch.is_moe());
         // one graph: the chunk, or one decode step of P tokens (a decode run's wall is its steps)
