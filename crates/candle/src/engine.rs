@@ -1,6 +1,6 @@
 //! The candle engine adapter: loads a GGUF model into candle, fills the KV cache to a depth, and
-//! runs a chunk plain (FUSED), with the instrument counting (FUSED-observed) or timing every op
-//! alone (TIMED).
+//! runs a chunk (prefill) or steps of one token per sequence (decode) plain (FUSED), with the
+//! instrument counting (FUSED-observed) or timing every op alone (TIMED).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use opledger_core::engine::{ChunkTiming, Engine, EngineError, EngineInfo, Mode, Work};
 use opledger_core::node::NodeInfo;
-use opledger_core::tokens::{filler_tokens, hash_f32};
+use opledger_core::tokens::{decode_step_tokens, filler_tokens, hash_f32};
 use opledger_gguf::GgufFile;
 
 use crate::error::CandleError;
@@ -54,11 +54,11 @@ fn set_threads(threads: u32) -> Result<u32, CandleError> {
     Ok(workers + 1)
 }
 
-/// The prepared chunk.
+/// The prepared work: the prefill chunk's inputs, or one per decode step.
 struct Prepared {
     work: Work,
     cache: KvCache,
-    inputs: ChunkInputs,
+    steps: Vec<ChunkInputs>,
 }
 
 /// candle as an [`Engine`].
@@ -104,17 +104,21 @@ impl CandleEngine {
         &self.model.hp
     }
 
-    /// The logits of the last run: one row per requested token (the last one, or all).
+    /// The logits of the last run: one row per requested token (the last one, or all), or
+    /// one row per sequence of a decode run's last step.
     pub fn last_logits(&self) -> &[Vec<f32>] {
         &self.last_logits
     }
 
-    /// The routing of the last run: per MoE layer, the tokens each expert received.
+    /// The routing of the last run: per MoE layer (per decode step, then per layer, in decode
+    /// mode), the tokens each expert received.
     pub fn last_routing(&self) -> &[Vec<usize>] {
         &self.last_routing
     }
 
-    /// Runs the prepared chunk with `o` observing, and keeps its logits.
+    /// Runs the prepared work with `o` observing (a prefill chunk, or every decode step one after
+    /// the other), and keeps the logits of its last forward pass. Returns the wall of the
+    /// forward passes and a hash of every requested logit.
     fn run_with<O: crate::instrument::Observe>(
         &mut self,
         o: &mut O,
@@ -123,32 +127,49 @@ impl CandleEngine {
             .prepared
             .as_ref()
             .ok_or_else(|| CandleError::Invalid("run() before prepare()".into()))?;
-        // Every run writes the chunk's rows of the cache (positions depth..) and reads rows
-        // 0..depth + chunk: the prepared rows 0..depth are never written, so each run starts
-        // from the prepared state without a copy.
-        let t0 = Instant::now();
-        let logits = self.model.forward(
-            o,
-            &p.inputs,
-            &p.cache,
-            p.work.all_logits,
-            &mut self.last_routing,
-        )?;
-        let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let rows = logits.to_vec2::<f32>()?;
-        for r in &rows {
-            opledger_core::engine::check_finite("a candle run", r)?;
-        }
-        let hash = if p.work.all_logits {
-            let mut h = 0u64;
+        // Every run writes the rows of its chunk or steps (rows depth..) and reads rows below
+        // them: the prepared rows 0..depth are never written, so each run starts from the
+        // prepared state without a copy.
+        let decode = p.work.is_decode();
+        // decode asks for the logits of every sequence, as llama.cpp's decode step does
+        let all_logits = p.work.all_logits || decode;
+        let mut wall_ms = 0.0;
+        let mut hash = 0u64;
+        let mut routing = Vec::new();
+        self.last_routing.clear();
+        for inputs in &p.steps {
+            let t0 = Instant::now();
+            let logits = self
+                .model
+                .forward(o, inputs, &p.cache, all_logits, &mut routing)?;
+            wall_ms += t0.elapsed().as_secs_f64() * 1e3;
+            self.last_routing.append(&mut routing);
+            let rows = logits.to_vec2::<f32>()?;
             for r in &rows {
-                h = h.rotate_left(5) ^ hash_f32(r);
+                opledger_core::engine::check_finite("a candle run", r)?;
             }
-            h
-        } else {
-            hash_f32(rows.last().map(Vec::as_slice).unwrap_or(&[]))
-        };
-        self.last_logits = rows;
+            let step_hash = if decode {
+                let mut h = 0u64;
+                for r in &rows {
+                    h = h.rotate_left(7) ^ hash_f32(r);
+                }
+                h
+            } else if p.work.all_logits {
+                let mut h = 0u64;
+                for r in &rows {
+                    h = h.rotate_left(5) ^ hash_f32(r);
+                }
+                h
+            } else {
+                hash_f32(rows.last().map(Vec::as_slice).unwrap_or(&[]))
+            };
+            hash = if decode {
+                hash.rotate_left(3) ^ step_hash
+            } else {
+                step_hash
+            };
+            self.last_logits = rows;
+        }
         Ok((wall_ms, hash))
     }
 
@@ -217,7 +238,18 @@ impl Engine for CandleEngine {
         self.graph_ops = None;
         let depth = work.depth_tokens as usize;
         let chunk = work.chunk_tokens as usize;
-        let cache = KvCache::new(&self.model.hp, depth + chunk)?;
+        let n_seq = work.parallel.max(1) as usize;
+        let steps = work.decode_tokens as usize;
+        // decode: the prefix, then P rows a step (llama.cpp's unified KV cache)
+        let rows = if work.is_decode() {
+            steps
+                .checked_mul(n_seq)
+                .and_then(|r| r.checked_add(depth))
+                .ok_or_else(|| EngineError::Failed("a decode too long for a cache".into()))?
+        } else {
+            depth + chunk
+        };
+        let cache = KvCache::new(&self.model.hp, rows)?;
         // Fill the cache to the depth in chunk-sized batches, as llama.cpp decodes it.
         let fill = as_u32(filler_tokens(
             work.token_seed,
@@ -231,19 +263,40 @@ impl Engine for CandleEngine {
             self.model
                 .forward(&mut Plain, &inputs, &cache, false, &mut routing)?;
         }
-        let tokens = as_u32(filler_tokens(
-            work.token_seed,
-            work.depth_tokens,
-            work.chunk_tokens,
-            self.vocab(),
-        ));
-        let inputs = self.model.inputs(&tokens, depth)?;
+        let steps = if work.is_decode() {
+            (0..work.decode_tokens)
+                .map(|s| {
+                    let tokens = as_u32(decode_step_tokens(
+                        work.token_seed,
+                        work.depth_tokens,
+                        s,
+                        work.parallel,
+                        self.vocab(),
+                    ));
+                    self.model.decode_inputs(&tokens, depth, s as usize)
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            let tokens = as_u32(filler_tokens(
+                work.token_seed,
+                work.depth_tokens,
+                work.chunk_tokens,
+                self.vocab(),
+            ));
+            vec![self.model.inputs(&tokens, depth)?]
+        };
         self.prepared = Some(Prepared {
             work: work.clone(),
             cache,
-            inputs,
+            steps,
         });
         Ok(())
+    }
+
+    fn graph_lists_every_step(&self) -> bool {
+        // the MoE's nodes follow each step's routing (one matmul per expert with tokens), so
+        // steps differ: the graph of a decode run is every step's nodes, one after the other
+        true
     }
 
     fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
@@ -259,6 +312,12 @@ impl Engine for CandleEngine {
         replay: &[bool],
         k: u32,
     ) -> Result<ChunkTiming, EngineError> {
+        if self.prepared.as_ref().is_some_and(|p| p.work.is_decode()) {
+            return Err(EngineError::Unsupported {
+                what: "replay of decode runs".into(),
+                why: "replay measures one prefill chunk".into(),
+            });
+        }
         // candle runs eagerly: there is no graph to cut, only ops to run again
         let mut inst = Instrument::replay(replay.to_vec(), k);
         let (wall_ms, output_hash) = self.run_with(&mut inst)?;

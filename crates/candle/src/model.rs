@@ -24,14 +24,17 @@ pub(crate) struct Model {
     pub w: Weights,
 }
 
-/// The inputs of one chunk (graph leaves), built before the forward pass as llama.cpp sets its
-/// graph inputs: token ids, the causal mask over the cache, and the rope tables of the chunk's
-/// positions.
+/// The inputs of one chunk or decode step (graph leaves), built before the forward pass as
+/// llama.cpp sets its graph inputs: token ids, the mask over the cache rows, and the rope tables
+/// of the tokens' positions.
 pub(crate) struct ChunkInputs {
     pub tokens: Tensor,
-    pub pos0: usize,
     pub n_tokens: usize,
-    /// `(T, pos0 + T)`: 0 where query i may attend to key j, -inf elsewhere.
+    /// The cache row the first token's key and value are written to (the tokens' rows follow).
+    pub kv_row0: usize,
+    /// Cache rows the tokens attend over: `0..n_kv`.
+    pub n_kv: usize,
+    /// `(T, n_kv)`: 0 where token i may attend to cache row j, -inf elsewhere.
     pub mask: Tensor,
     /// `(T, 1, head_dim / 2)`: one rope row per token (the chunk's tokens are the batch of
     /// candle's rope kernels, which parallelise over it).
@@ -77,7 +80,8 @@ impl Outputs for Route {
 }
 
 impl Model {
-    /// The inputs for `tokens` at positions `pos0..`.
+    /// The inputs for a prefill chunk: `tokens` at positions `pos0..`, written to cache rows
+    /// `pos0..` and attending causally over rows `0..pos0 + T`.
     pub fn inputs(&self, tokens: &[u32], pos0: usize) -> Result<ChunkInputs, CandleError> {
         let t = tokens.len();
         let n_kv = pos0 + t;
@@ -87,13 +91,51 @@ impl Model {
                 mask[i * n_kv + j] = f32::NEG_INFINITY;
             }
         }
-        let (cos, sin) = self.rope_tables(pos0, t);
+        let positions: Vec<usize> = (pos0..pos0 + t).collect();
+        self.inputs_at(tokens, &positions, pos0, n_kv, mask)
+    }
+
+    /// The inputs of step `step` of parallel decode as llama.cpp lays out its unified KV cache:
+    /// the `prefix` rows filled before decoding are shared by every sequence; step s writes
+    /// token j (sequence j, at position `prefix + s`) to row `prefix + s x P + j`; sequence j
+    /// attends over the prefix and its own rows of steps 0..=s.
+    pub fn decode_inputs(
+        &self,
+        tokens: &[u32],
+        prefix: usize,
+        step: usize,
+    ) -> Result<ChunkInputs, CandleError> {
+        let p = tokens.len();
+        let kv_row0 = prefix + step * p;
+        let n_kv = kv_row0 + p;
+        let mut mask = vec![0f32; p * n_kv];
+        for j in 0..p {
+            for c in prefix..n_kv {
+                if (c - prefix) % p != j {
+                    mask[j * n_kv + c] = f32::NEG_INFINITY;
+                }
+            }
+        }
+        self.inputs_at(tokens, &vec![prefix + step; p], kv_row0, n_kv, mask)
+    }
+
+    fn inputs_at(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        kv_row0: usize,
+        n_kv: usize,
+        mask: Vec<f32>,
+    ) -> Result<ChunkInputs, CandleError> {
+        let t = tokens.len();
+        let (cos, sin) = self.rope_tables(positions);
         let half = self.hp.head_dim / 2;
         let dev = &Device::Cpu;
         Ok(ChunkInputs {
             tokens: Tensor::from_vec(tokens.to_vec(), t, dev)?,
-            pos0,
             n_tokens: t,
+            kv_row0,
+            n_kv,
             mask: Tensor::from_vec(mask, (t, n_kv), dev)?,
             cos: Tensor::from_vec(cos, (t, 1, half), dev)?,
             sin: Tensor::from_vec(sin, (t, 1, half), dev)?,
@@ -103,13 +145,14 @@ impl Model {
     /// cos and sin of each position's rotation angles, computed as ggml's rope does: theta
     /// starts at the position and is multiplied by `base^(-2/d)` from pair to pair (f32), then
     /// divided by the pair's frequency factor (Llama 3) and scaled by the linear factor.
-    fn rope_tables(&self, pos0: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+    fn rope_tables(&self, positions: &[usize]) -> (Vec<f32>, Vec<f32>) {
         let hp = &self.hp;
         let half = hp.head_dim / 2;
         let theta_scale = hp.rope_base.powf(-2.0 / hp.head_dim as f32);
+        let n = positions.len();
         let mut cos = Vec::with_capacity(n * half);
         let mut sin = Vec::with_capacity(n * half);
-        for p in pos0..pos0 + n {
+        for &p in positions {
             let mut theta = p as f32;
             for i in 0..half {
                 let ff = self.w.rope_freqs.as_ref().map_or(1.0, |f| f[i]);
@@ -136,10 +179,10 @@ impl Model {
     ) -> Result<Tensor, CandleError> {
         let hp = &self.hp;
         let w = &self.w;
-        if inp.pos0 + inp.n_tokens > cache.capacity {
+        if inp.kv_row0 + inp.n_tokens > cache.capacity || inp.n_kv > cache.capacity {
             return Err(CandleError::Invalid(format!(
-                "positions up to {} do not fit a cache of {}",
-                inp.pos0 + inp.n_tokens,
+                "cache rows up to {} do not fit a cache of {}",
+                (inp.kv_row0 + inp.n_tokens).max(inp.n_kv),
                 cache.capacity
             )));
         }
@@ -238,7 +281,7 @@ impl Model {
         let l = Some(il);
         let (t, nh, nkv, hd) = (inp.n_tokens, hp.n_head, hp.n_head_kv, hp.head_dim);
         let n_rep = hp.n_rep();
-        let n_kv = inp.pos0 + t;
+        let n_kv = inp.n_kv;
         let q = o.node("MUL_MAT", "Qcur", l, &[W(&layer.wq.desc), A(cur)], || {
             layer.wq.mm.forward(cur)
         })?;
@@ -283,9 +326,9 @@ impl Model {
         let q = rope(o, &q, nh, layer.q_norm.as_ref(), "Qcur_normed", "Qcur")?;
         let k = rope(o, &k, nkv, layer.k_norm.as_ref(), "Kcur_normed", "Kcur")?;
 
-        // cache writes: rows pos0.. of (capacity, n_kv_heads, hd)
+        // cache writes: rows kv_row0.. of (capacity, n_kv_heads, hd)
         let (kc, vc) = (&cache.k[il], &cache.v[il]);
-        let pos0 = inp.pos0;
+        let pos0 = inp.kv_row0;
         let k3 = o.node("RESHAPE", "", l, &[A(&k)], || k.reshape((t, nkv, hd)))?;
         o.node("SET_ROWS", "", l, &[A(&k3), A(kc)], || {
             kc.slice_set(&k3, 0, pos0)?;

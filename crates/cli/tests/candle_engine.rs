@@ -528,3 +528,145 @@ fn fused_gate_up_experts_compute_what_separate_ones_do() {
         14 * arch.n_layers() as usize + 4 * pairs
     );
 }
+
+fn decode_work(fill_batch: u32, depth: u32, steps: u32, parallel: u32) -> Work {
+    Work {
+        token_seed: 5,
+        decode_tokens: steps,
+        parallel,
+        ..Work::prefill(fill_batch, depth)
+    }
+}
+
+/// The logits of the last decode step, one row per sequence, from `engine` (FUSED run).
+fn decode_logits(engine: &mut dyn Engine, w: &Work) -> Vec<Vec<f32>> {
+    engine.prepare(w).unwrap();
+    engine.run(Mode::Fused).unwrap();
+    engine.logits().unwrap()
+}
+
+fn candle_decode_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
+    let mut e = candle(path);
+    e.prepare(w).unwrap();
+    e.run(Mode::Fused).unwrap();
+    e.last_logits().to_vec()
+}
+
+fn llama_decode_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
+    let mut e =
+        opledger_llama::LlamaEngine::load(opledger_llama::LlamaConfig::new(path, 2)).unwrap();
+    decode_logits(&mut e, w)
+}
+
+#[test]
+fn candle_decode_steps_agree_with_llama_cpp_decode() {
+    // 4 steps of 3 sequences sharing a context filled to 40 tokens (in batches of 16): each
+    // sequence attends over the shared prefix and its own earlier steps only
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(dir.path(), "tiny-qwen3moe");
+    let w = decode_work(16, 40, 4, 3);
+    let c = candle_decode_logits(&path, &w);
+    assert_eq!(c.len(), 3, "one row per sequence of the last step");
+    compare(
+        "qwen3moe decode",
+        &QUANTISED,
+        &c,
+        &llama_decode_logits(&path, &w),
+    );
+    // no prefix: the sequences share nothing
+    let w = decode_work(16, 0, 3, 2);
+    compare(
+        "qwen3moe decode from empty",
+        &QUANTISED,
+        &candle_decode_logits(&path, &w),
+        &llama_decode_logits(&path, &w),
+    );
+    let path = synth_f32(dir.path(), "tiny-llama");
+    let w = decode_work(16, 24, 3, 4);
+    compare(
+        "llama f32 decode",
+        &FLOAT,
+        &candle_decode_logits(&path, &w),
+        &llama_decode_logits(&path, &w),
+    );
+}
+
+#[test]
+fn candle_decode_computes_one_token_per_sequence_per_step() {
+    // `profile --engine candle -n 3 --parallel 2`: the run is 3 steps of 2 tokens, never a
+    // prefill chunk divided by decode tokens
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(dir.path(), "tiny-qwen3moe");
+    let (steps, parallel, depth) = (3usize, 2usize, 20usize);
+    let w = decode_work(8, depth as u32, steps as u32, parallel as u32);
+    let (arch, graph, bands, routing) = profile_and_check(&path, &w);
+    let layers = arch.n_layers() as usize;
+    // the graph lists every step: one LM head a step, each over one row per sequence
+    let heads: Vec<&NodeInfo> = graph.iter().filter(|n| n.name == "result_output").collect();
+    assert_eq!(heads.len(), steps);
+    for h in &heads {
+        assert_eq!(h.out.ne[1] as usize, parallel, "logits rows of a step");
+    }
+    // every activation matmul of the projections reads P rows
+    for n in graph
+        .iter()
+        .zip(&bands)
+        .filter(|(n, a)| a.band == "projections" && n.op == "MUL_MAT")
+        .map(|(n, _)| n)
+    {
+        assert_eq!(
+            n.srcs[1].as_ref().unwrap().ne[1] as usize,
+            parallel,
+            "{}",
+            n.name
+        );
+    }
+    // attention of step s spans the prefix and P rows a step so far
+    let kq: Vec<&NodeInfo> = graph
+        .iter()
+        .filter(|n| n.op == "MUL_MAT" && n.base_name() == "kq")
+        .collect();
+    assert_eq!(kq.len(), steps * layers);
+    for (i, n) in kq.iter().enumerate() {
+        let s = i / layers;
+        assert_eq!(
+            n.out.ne[0] as usize,
+            depth + (s + 1) * parallel,
+            "kq of step {s}"
+        );
+    }
+    // routing: per step, per layer, every sequence's token to k experts
+    let k = arch.n_experts_used as usize;
+    assert_eq!(routing.len(), steps * layers);
+    assert!(routing
+        .iter()
+        .all(|r| r.iter().sum::<usize>() == parallel * k));
+    let pairs: usize = routing
+        .iter()
+        .map(|r| r.iter().filter(|&&n| n > 0).count())
+        .sum();
+    assert_eq!(
+        matmuls_of(&graph, &["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]),
+        3 * pairs
+    );
+    // the summary: 6 tokens a run, each node one step's time
+    let file = ModelFile::open_structural(&path).unwrap();
+    let rules = BandRules::builtin(&file.arch.arch).unwrap();
+    let mut e = candle(&path);
+    let cfg = ProfileConfig {
+        work: w,
+        cycles: 1,
+        warmup: 0,
+        overhead_pairs: 0,
+        gate: Default::default(),
+    };
+    let raw = measure(&mut e, &cfg, &mut |_, _, _| {}).unwrap();
+    assert_eq!(raw.node_steps(), 1);
+    let (_, summary) = analyse(&raw, &rules, &file.arch).unwrap();
+    assert_eq!((summary.tokens, summary.decode_tokens), (6, 3));
+    assert_eq!(summary.node_steps, 1);
+    assert_eq!(
+        e.info().settings["n_ctx"],
+        (depth + steps * parallel).to_string()
+    );
+}

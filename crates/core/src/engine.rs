@@ -108,6 +108,16 @@ pub struct ChunkTiming {
     pub output_hash: u64,
 }
 
+/// What isolating a node costs in TIMED mode, in µs per node and step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IsolationCalibration {
+    /// On average over the working nodes.
+    pub per_node_us: f64,
+    /// For each node of the captured graph, in graph order (empty: `per_node_us` for every
+    /// node).
+    pub each_node_us: Vec<f64>,
+}
+
 /// An error from an engine, with the engine's own words.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -155,6 +165,14 @@ pub trait Engine {
     /// graph in the order the engine computes it. Counts as a warm-up run.
     fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError>;
 
+    /// In decode mode, whether [`Engine::graph`] lists every step's nodes one after the other,
+    /// each TIMED node time then being one step's (candle, whose nodes follow each step's
+    /// routing), rather than one step's nodes whose TIMED times sum every step (llama.cpp, whose
+    /// decode steps all compute the same graph).
+    fn graph_lists_every_step(&self) -> bool {
+        false
+    }
+
     /// Restores the prepared state and runs the chunk once in `mode`.
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError>;
 
@@ -187,6 +205,31 @@ pub trait Engine {
         })
     }
 
+    /// Graph launches (each a dispatch of a graph and its synchronisation) that `k` replays of
+    /// one node pay beyond the clones' own work, which a run without replays does not pay:
+    /// llama.cpp computes clones in rounds, one graph per round. 0 where a replay is the op's
+    /// own call again and dispatches nothing more (candle).
+    fn replay_rounds(&self, k: u32) -> u32 {
+        let _ = k;
+        0
+    }
+
+    /// Runs as [`Engine::replay`] with nothing cloned, except that every node where `replay[i]`
+    /// dispatches `rounds` rounds of one trivial clone through the same path as a replay's
+    /// rounds: what the rounds cost beyond the clones' work (see [`Engine::replay_rounds`]).
+    fn replay_launches(
+        &mut self,
+        cut: &[bool],
+        replay: &[bool],
+        rounds: u32,
+    ) -> Result<ChunkTiming, EngineError> {
+        let _ = (cut, replay, rounds);
+        Err(EngineError::Unsupported {
+            what: "replay launch rounds".into(),
+            why: "this engine's replays pay no launch of their own".into(),
+        })
+    }
+
     /// Distinct experts each expert matmul of the prepared chunk really routes to (node index ->
     /// count), from a real run's ids; `None` where the engine cannot tell.
     fn routed_experts(
@@ -205,6 +248,18 @@ pub trait Engine {
     /// falls back on the graph's own nodes that do no work).
     fn isolation_cost_us(&mut self) -> Result<Option<f64>, EngineError> {
         Ok(None)
+    }
+
+    /// The isolation cost measured now, per node and step: on average, and where the engine can
+    /// tell, for each node of the captured graph (what isolating a node costs depends on what
+    /// was computed before it). By default the average of [`Engine::isolation_cost_us`] alone.
+    fn calibrate_isolation(&mut self) -> Result<Option<IsolationCalibration>, EngineError> {
+        Ok(self
+            .isolation_cost_us()?
+            .map(|per_node_us| IsolationCalibration {
+                per_node_us,
+                each_node_us: Vec::new(),
+            }))
     }
 
     /// Sets up a cumulative depth sweep of `chunks` chunks of `work.chunk_tokens` (chunk c is

@@ -1,15 +1,18 @@
-//! Standalone op timing from the census: expert routings (first-k, uniform, captured) for the
-//! expert matmuls, and the band times they add up to (per-call time x count) set against the
-//! in-graph band times and the FUSED wall, so the user sees what standalone timing under- or
-//! over-counts.
+//! Standalone op timing from the census of a prefill chunk or of one decode step: expert
+//! routings (first-k, uniform, captured) for the expert matmuls, the weight bytes each routing
+//! reads per band (expert weights only of the experts it touches), and the band times they add
+//! up to (per-call time x count) set against the in-graph band times and the FUSED wall, so the
+//! user sees what standalone timing under- or over-counts.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::band::Assignment;
+use crate::node::NodeInfo;
 use crate::tokens::splitmix64;
 
-pub const OPS_SCHEMA_VERSION: u32 = 1;
+pub const OPS_SCHEMA_VERSION: u32 = 2;
 
 /// How the expert ids of a standalone expert matmul are chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -70,6 +73,73 @@ pub fn distinct_experts(ids: &[i32]) -> u32 {
     ids.iter().collect::<BTreeSet<_>>().len() as u32
 }
 
+/// The expert ids a routing gives the expert matmul `node` (`[n_used, n_tokens]` from its ids
+/// source): `None` for a node that is no expert matmul, or for captured routing without ids.
+pub fn routing_ids(
+    node: &NodeInfo,
+    routing: Routing,
+    seed: u64,
+    captured: &BTreeMap<u32, Vec<i32>>,
+) -> Option<Vec<i32>> {
+    if node.op != "MUL_MAT_ID" {
+        return None;
+    }
+    let ids = node.src(2)?;
+    let (n_used, n_tokens) = (ids.ne[0].max(0) as u32, ids.ne[1].max(0) as u32);
+    let experts = node.src(0).map(|w| w.ne[2].max(1) as u32).unwrap_or(1);
+    match routing {
+        Routing::FirstK => Some(first_k_ids(n_used, n_tokens)),
+        Routing::Uniform => Some(uniform_ids(experts, n_used, n_tokens, seed)),
+        Routing::Captured => captured.get(&node.index).cloned(),
+    }
+}
+
+/// Weight bytes `node` reads when its expert matmul touches `experts_used` distinct experts:
+/// every weight source whole, except an expert tensor (only the touched experts' slices) and
+/// the table of a GET_ROWS (only the rows its ids select).
+pub fn weight_bytes_read(node: &NodeInfo, experts_used: Option<u32>) -> u64 {
+    let mut bytes = 0;
+    for (slot, s) in node.srcs.iter().enumerate() {
+        let Some(s) = s else { continue };
+        if !s.is_weight {
+            continue;
+        }
+        bytes += if node.op == "MUL_MAT_ID" && slot == 0 && s.ne[2] > 0 {
+            let per_expert = s.size_bytes / s.ne[2] as u64;
+            per_expert * experts_used.unwrap_or(s.ne[2] as u32).min(s.ne[2] as u32) as u64
+        } else if node.op == "GET_ROWS" && slot == 0 && s.ne[1] > 0 {
+            // rows selected: the elements of the ids source
+            let rows = node
+                .src(1)
+                .map(|ids| ids.ne.iter().map(|&d| d.max(1) as u64).product::<u64>())
+                .unwrap_or(s.ne[1] as u64)
+                .min(s.ne[1] as u64);
+            s.size_bytes / s.ne[1] as u64 * rows
+        } else {
+            s.size_bytes
+        };
+    }
+    bytes
+}
+
+/// Weight bytes read per band by the working nodes of `graph` when every expert matmul touches
+/// the experts of `experts[node]` (distinct experts; a node missing from it: every expert).
+pub fn band_weight_bytes(
+    graph: &[NodeInfo],
+    assignments: &[Assignment],
+    experts: &BTreeMap<u32, u32>,
+) -> BTreeMap<String, u64> {
+    let mut out: BTreeMap<String, u64> = BTreeMap::new();
+    for (n, a) in graph.iter().zip(assignments) {
+        if !n.is_working() {
+            continue;
+        }
+        *out.entry(a.band.clone()).or_default() +=
+            weight_bytes_read(n, experts.get(&n.index).copied());
+    }
+    out
+}
+
 /// One distinct (op, shapes, types) timed alone.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OpRow {
@@ -95,17 +165,45 @@ pub struct OpRow {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OpsBandRow {
     pub band: String,
-    /// TIMED share x FUSED wall / tokens, from a profile of the same chunk.
+    /// TIMED share x FUSED wall / tokens, from a profile of the same work (decode: the share
+    /// with the isolation cost removed).
     pub in_graph_ms_per_token: f64,
     /// Per-call time x count / tokens, per routing.
     pub standalone_ms_per_token: BTreeMap<String, f64>,
+    /// Weight bytes one graph (the chunk, or one decode step) reads per routing.
+    #[serde(default)]
+    pub weight_bytes: BTreeMap<String, u64>,
+}
+
+/// What one graph of an ops run is: a prefill chunk or one decode step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpsWork {
+    /// Tokens one graph computes: the chunk, or one token per sequence of a decode step.
+    pub tokens: u32,
+    /// Decode steps of the in-graph profile (0: a prefill chunk) and sequences.
+    pub decode_tokens: u32,
+    pub parallel: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OpsSummary {
     pub schema_version: u32,
+    /// Tokens one graph computes (the chunk, or the sequences of one decode step).
     pub tokens: u32,
+    /// Decode steps of the in-graph profile (0: a prefill chunk) and sequences.
+    #[serde(default)]
+    pub decode_tokens: u32,
+    #[serde(default)]
+    pub parallel: u32,
+    /// FUSED wall of one graph (a decode run's wall over its steps).
     pub fused_ms: f64,
+    /// Bytes of the cache-flushing write before every timed repetition (0: none; weights then
+    /// stay as warm as the repetitions leave them).
+    #[serde(default)]
+    pub flush_bytes: u64,
+    /// Per routing: distinct experts each expert matmul (node index) reads.
+    #[serde(default)]
+    pub experts_by_routing: BTreeMap<String, BTreeMap<u32, u32>>,
     pub routings: Vec<Routing>,
     pub rows: Vec<OpRow>,
     pub bands: Vec<OpsBandRow>,
@@ -118,16 +216,20 @@ pub struct OpsSummary {
 }
 
 /// Adds up per-call times into bands per routing. `rows` holds one row per signature for ops
-/// without routing and one per (signature, routing) for expert matmuls.
+/// without routing and one per (signature, routing) for expert matmuls; `fused_ms` is one
+/// graph's FUSED wall; `bytes[routing][band]` the weight bytes one graph reads.
+#[allow(clippy::too_many_arguments)]
 pub fn summarise_ops(
     bands: &[String],
     in_graph: &BTreeMap<String, f64>,
     rows: Vec<OpRow>,
     routings: &[Routing],
-    tokens: u32,
+    work: OpsWork,
     fused_ms: f64,
     moe_band: Option<&str>,
+    bytes: &BTreeMap<String, BTreeMap<String, u64>>,
 ) -> OpsSummary {
+    let tokens = work.tokens;
     let tok = tokens.max(1) as f64;
     let mut band_rows: Vec<OpsBandRow> = bands
         .iter()
@@ -135,6 +237,10 @@ pub fn summarise_ops(
             band: b.clone(),
             in_graph_ms_per_token: in_graph.get(b).copied().unwrap_or(0.0),
             standalone_ms_per_token: BTreeMap::new(),
+            weight_bytes: bytes
+                .iter()
+                .map(|(r, by_band)| (r.clone(), by_band.get(b).copied().unwrap_or(0)))
+                .collect(),
         })
         .collect();
     let mut coverage = BTreeMap::new();
@@ -170,7 +276,11 @@ pub fn summarise_ops(
     OpsSummary {
         schema_version: OPS_SCHEMA_VERSION,
         tokens,
+        decode_tokens: work.decode_tokens,
+        parallel: work.parallel,
         fused_ms,
+        flush_bytes: 0,
+        experts_by_routing: BTreeMap::new(),
         routings: routings.to_vec(),
         rows,
         bands: band_rows,
@@ -183,6 +293,7 @@ pub fn summarise_ops(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::TensorDesc;
 
     #[test]
     fn routings_touch_the_experts_they_should() {
@@ -207,6 +318,95 @@ mod tests {
         // fewer tokens, fewer experts: 4 tokens x 8 = at most 32
         assert!(distinct_experts(&uniform_ids(256, 8, 4, 1)) <= 32);
         assert_eq!(uniform_ids(256, 8, 512, 42), u, "seeded");
+    }
+
+    fn tensor(name: &str, ne: [i64; 4], ty: &str, bytes: u64, weight: bool) -> TensorDesc {
+        TensorDesc {
+            name: name.into(),
+            ne,
+            ggml_type: ty.into(),
+            size_bytes: bytes,
+            is_weight: weight,
+            producer: None,
+            nb: [0; 4],
+        }
+    }
+
+    fn node(index: u32, op: &str, srcs: Vec<TensorDesc>) -> NodeInfo {
+        NodeInfo {
+            index,
+            op: op.into(),
+            name: format!("n{index}"),
+            layer: Some(0),
+            out: tensor("out", [8, 4, 1, 1], "f32", 128, false),
+            srcs: srcs.into_iter().map(Some).collect(),
+            is_view: false,
+            inplace: false,
+            skipped: false,
+            op_code: None,
+            op_params: vec![],
+        }
+    }
+
+    #[test]
+    fn expert_bytes_count_only_the_experts_a_routing_touches() {
+        // 16 experts of 1000 bytes, top-4, 4 tokens (decode of 4 sequences)
+        let gate = node(
+            3,
+            "MUL_MAT_ID",
+            vec![
+                tensor(
+                    "blk.0.ffn_gate_exps.weight",
+                    [64, 32, 16, 1],
+                    "q4_K",
+                    16_000,
+                    true,
+                ),
+                tensor("x", [64, 4, 4, 1], "f32", 4096, false),
+                tensor("ids", [4, 4, 1, 1], "i32", 64, false),
+            ],
+        );
+        // a routing by hand: tokens on {0,1,2,3}, {0,1,2,4}, {5,6,7,8}, {0,9,10,11}: 12 experts
+        let captured =
+            BTreeMap::from([(3u32, vec![0, 1, 2, 3, 0, 1, 2, 4, 5, 6, 7, 8, 0, 9, 10, 11])]);
+        let fk = routing_ids(&gate, Routing::FirstK, 1, &captured).unwrap();
+        let cap = routing_ids(&gate, Routing::Captured, 1, &captured).unwrap();
+        assert_eq!((distinct_experts(&fk), distinct_experts(&cap)), (4, 12));
+        assert_eq!(weight_bytes_read(&gate, Some(4)), 4_000);
+        assert_eq!(weight_bytes_read(&gate, Some(12)), 12_000);
+        // an embedding lookup reads the rows of its 4 ids, not the table: 4 x 100 bytes
+        let embd = node(
+            0,
+            "GET_ROWS",
+            vec![
+                tensor("token_embd.weight", [64, 1000, 1, 1], "q8_0", 100_000, true),
+                tensor("inp_tokens", [4, 1, 1, 1], "i32", 16, false),
+            ],
+        );
+        assert_eq!(weight_bytes_read(&embd, None), 400);
+        // a dense matmul reads its weight whole; no routing for it
+        let mm = node(
+            1,
+            "MUL_MAT",
+            vec![
+                tensor("blk.0.attn_q.weight", [64, 64, 1, 1], "q8_0", 4352, true),
+                tensor("x", [64, 4, 1, 1], "f32", 1024, false),
+            ],
+        );
+        assert_eq!(weight_bytes_read(&mm, None), 4352);
+        assert_eq!(routing_ids(&mm, Routing::FirstK, 1, &captured), None);
+        let graph = vec![embd, mm, gate];
+        let bands = ["other", "projections", "moe"]
+            .iter()
+            .map(|b| Assignment {
+                band: b.to_string(),
+                reason: crate::band::Reason::None,
+            })
+            .collect::<Vec<_>>();
+        let by = |used: u32| band_weight_bytes(&graph, &bands, &BTreeMap::from([(3, used)]));
+        assert_eq!(by(4)["moe"], 4_000);
+        assert_eq!(by(12)["moe"], 12_000);
+        assert_eq!((by(4)["other"], by(4)["projections"]), (400, 4352));
     }
 
     #[test]
@@ -237,10 +437,20 @@ mod tests {
             &in_graph,
             rows,
             &[Routing::FirstK, Routing::Captured],
-            512,
+            OpsWork {
+                tokens: 512,
+                decode_tokens: 0,
+                parallel: 1,
+            },
             12.0,
             Some("moe"),
+            &BTreeMap::from([(
+                "captured".to_string(),
+                BTreeMap::from([("moe".to_string(), 7u64)]),
+            )]),
         );
+        assert_eq!(s.bands[0].weight_bytes["captured"], 7);
+        assert_eq!(s.bands[1].weight_bytes["captured"], 0);
         // captured: moe 10 ms + other 1 ms over 12 ms of FUSED wall
         assert!((s.coverage["captured"] - 11.0 / 12.0).abs() < 1e-12);
         assert!((s.coverage["first-k"] - 7.0 / 12.0).abs() < 1e-12);

@@ -49,9 +49,12 @@ pub struct CycleRecord {
     /// Per-node microseconds of the TIMED run, in graph order.
     pub node_us: Vec<f64>,
     /// The engine's calibration of the isolation cost, µs per node per step, taken in this
-    /// cycle right after the TIMED run.
+    /// cycle right after the TIMED run: on average over the working nodes, and per node of the
+    /// graph where the engine measures it node by node (empty: the average for every node).
     #[serde(default)]
     pub isolation_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub isolation_node_us: Vec<f64>,
 }
 
 /// Everything measured, as stored in a run folder's `raw.json`; the summary is a pure function
@@ -74,12 +77,25 @@ pub struct ProfileRaw {
     /// infinite, and the measurement stops there); false in files written before the check.
     #[serde(default)]
     pub outputs_checked_finite: bool,
+    /// Decode steps each node's TIMED time sums: every step of the run where the graph is one
+    /// step's (llama.cpp), 1 where the graph lists every step's nodes (candle, see
+    /// [`Engine::graph_lists_every_step`]) and for a prefill chunk. `None` in runs stored before
+    /// it was recorded: every step of the run.
+    #[serde(default)]
+    pub node_steps: Option<u32>,
 }
 
 impl ProfileRaw {
     /// Reads a run's `raw.json`, refusing a newer or unknown schema version.
     pub fn read(path: &std::path::Path) -> Result<ProfileRaw, crate::run_folder::RunFolderError> {
         crate::run_folder::read_versioned(path, PROFILE_SCHEMA_VERSION)
+    }
+
+    /// Decode steps each node's TIMED time sums (1 for a prefill chunk).
+    pub fn node_steps(&self) -> u32 {
+        self.node_steps
+            .unwrap_or(self.config.work.decode_tokens)
+            .max(1)
     }
 }
 
@@ -156,7 +172,12 @@ pub fn measure_with(
                 graph.len()
             )));
         }
-        let isolation_us = engine.isolation_cost_us()?;
+        let calibration = engine.calibrate_isolation()?;
+        let isolation_us = calibration.as_ref().map(|c| c.per_node_us);
+        let isolation_node_us = calibration
+            .map(|c| c.each_node_us)
+            .filter(|each| each.len() == graph.len())
+            .unwrap_or_default();
         cycles.push(CycleRecord {
             order: order.to_vec(),
             fused_ms: fused.wall_ms,
@@ -164,6 +185,7 @@ pub fn measure_with(
             timed_wall_ms: timed.wall_ms,
             node_us: timed.node_us,
             isolation_us,
+            isolation_node_us,
         });
     }
     let mut overhead_pairs = Vec::with_capacity(cfg.overhead_pairs as usize);
@@ -187,6 +209,11 @@ pub fn measure_with(
         overhead_pairs.push((fused, observed));
     }
     progress("done", 1, 1);
+    let node_steps = if cfg.work.is_decode() && !engine.graph_lists_every_step() {
+        cfg.work.decode_tokens
+    } else {
+        1
+    };
     Ok(ProfileRaw {
         schema_version: PROFILE_SCHEMA_VERSION,
         config: cfg.clone(),
@@ -196,6 +223,7 @@ pub fn measure_with(
         overhead_pairs,
         gate,
         outputs_checked_finite: true,
+        node_steps: Some(node_steps),
     })
 }
 
@@ -279,7 +307,10 @@ pub struct ProfileSummary {
     pub isolation_us: f64,
     /// The same per decode step (equal to `isolation_us` for a prefill chunk).
     pub isolation_us_per_step: f64,
-    /// `calibration` or `idle nodes`.
+    /// Decode steps each node's TIMED time sums (see [`ProfileRaw::node_steps`]).
+    #[serde(default = "one")]
+    pub node_steps: u32,
+    /// `calibration, node by node`, `calibration` or `idle nodes`.
     pub isolation_source: String,
     /// The estimate from the graph's nodes that do no work (views, skipped nodes), per node per
     /// run: a lower bound, since a view is not dispatched to the thread pool.
@@ -365,8 +396,8 @@ pub fn summarise(
     let tok = tokens.max(1) as f64;
 
     // the isolation cost per node per run, per cycle: the engine's calibration where it has one
-    // (times the steps a decode run sums), else the nodes of the graph that do no work
-    let steps = raw.config.work.decode_tokens.max(1) as f64;
+    // (times the steps a node's time sums), else the nodes of the graph that do no work
+    let steps = raw.node_steps() as f64;
     let idle: Vec<usize> = (0..n).filter(|&i| !raw.graph[i].is_working()).collect();
     let calibrated = raw.cycles.iter().all(|c| c.isolation_us.is_some());
     let mut isolation = Vec::with_capacity(raw.cycles.len());
@@ -381,11 +412,18 @@ pub fn summarise(
             _ => idle_iso,
         };
         isolation.push(iso);
+        // node by node where the engine calibrated each node, else the average for every node
+        let each = calibrated && c.isolation_node_us.len() == n;
         corrected.push(
             (0..n)
                 .map(|i| {
                     if raw.graph[i].is_working() {
-                        (c.node_us[i] - iso).max(0.0)
+                        let iso_i = if each {
+                            c.isolation_node_us[i] * steps
+                        } else {
+                            iso
+                        };
+                        (c.node_us[i] - iso_i).max(0.0)
                     } else {
                         0.0
                     }
@@ -691,12 +729,16 @@ pub fn summarise(
         agreement_spread: agreement.spread(),
         isolation_us: isolation.median(),
         isolation_us_per_step: isolation.median() / steps,
-        isolation_source: if calibrated {
-            "calibration"
-        } else {
-            "idle nodes"
-        }
-        .into(),
+        node_steps: steps as u32,
+        isolation_source:
+            if calibrated && raw.cycles.iter().all(|c| c.isolation_node_us.len() == n) {
+                "calibration, node by node"
+            } else if calibrated {
+                "calibration"
+            } else {
+                "idle nodes"
+            }
+            .into(),
         isolation_idle_us: isolation_idle.median(),
         isolation_nodes: idle.len() as u32,
         agreement_corrected: agreement_corrected.median(),
@@ -717,6 +759,10 @@ pub fn summarise(
         audit,
         checks,
     })
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl ProfileSummary {
@@ -1014,6 +1060,122 @@ mod tests {
         assert!(close(s.agreement, 6.0 * 40.0 / 1000.0));
     }
 
+    /// The mock's decode as an engine whose graph lists every step's nodes one after the other
+    /// (as candle's does): each node's time is one step's.
+    struct EveryStep(MockEngine, u32);
+
+    impl Engine for EveryStep {
+        fn info(&self) -> crate::engine::EngineInfo {
+            self.0.info()
+        }
+        fn prepare(&mut self, work: &Work) -> Result<(), EngineError> {
+            self.1 = work.decode_tokens.max(1);
+            self.0.prepare(work)
+        }
+        fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
+            let one = self.0.graph()?;
+            let n = one.len() as u32;
+            Ok((0..self.1)
+                .flat_map(|step| {
+                    one.iter().map(move |node| {
+                        let mut node = node.clone();
+                        node.index += step * n;
+                        node
+                    })
+                })
+                .collect())
+        }
+        fn run(&mut self, mode: Mode) -> Result<crate::engine::ChunkTiming, EngineError> {
+            let mut r = self.0.run(mode)?;
+            let steps = self.1;
+            let per_step: Vec<f64> = r.node_us.iter().map(|us| us / steps as f64).collect();
+            r.node_us = (0..steps).flat_map(|_| per_step.clone()).collect();
+            Ok(r)
+        }
+        fn isolation_cost_us(&mut self) -> Result<Option<f64>, EngineError> {
+            self.0.isolation_cost_us()
+        }
+        fn graph_lists_every_step(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_graph_of_every_decode_step_removes_the_isolation_cost_once_a_node() {
+        // 2 steps listed one after the other: each node is one step and pays 40 µs once
+        let mut e = MockEngine::new(&NODES);
+        e.isolation_us = 40.0;
+        e.calibration_us = Some(40.0);
+        let mut e = EveryStep(e, 1);
+        let mut c = cfg(3);
+        c.work.decode_tokens = 2;
+        let raw = measure(&mut e, &c, &mut |_, _, _| {}).unwrap();
+        assert_eq!(raw.graph.len(), 2 * NODES.len());
+        assert_eq!(raw.node_steps(), 1);
+        let rules = BandRules::builtin("qwen35moe").unwrap();
+        let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+        let s = analyse(&raw, &rules, &arch).unwrap().1;
+        assert_eq!(s.node_steps, 1);
+        assert!(close(s.isolation_us, 40.0));
+        assert!(close(s.isolation_us_per_step, 40.0));
+        assert!(close(s.agreement, 12.0 * 40.0 / 2000.0));
+        assert!(close(s.agreement_corrected, 0.0));
+    }
+
+    #[test]
+    fn a_node_by_node_calibration_removes_each_node_s_own_isolation() {
+        // the mock's nodes cost their work plus, per step, an isolation that differs from node
+        // to node (a node after a view wakes the pool: 20 µs; the others 1 µs); the engine
+        // calibrated each node. Removing the average (4.8 µs) from every node keeps the total
+        // but takes 3.8 µs of work a step from each cheap node and leaves the woken node 15.2 µs
+        // too long.
+        let mut e = MockEngine::new(&NODES);
+        e.calibration_us = Some(1.0);
+        let mut c = cfg(3);
+        c.work.decode_tokens = 2;
+        let mut raw = measure(&mut e, &c, &mut |_, _, _| {}).unwrap();
+        let each: Vec<f64> = raw
+            .graph
+            .iter()
+            .enumerate()
+            .map(
+                |(i, n)| match (n.is_working(), i > 0 && raw.graph[i - 1].is_view) {
+                    (false, _) => 0.0,
+                    (true, true) => 20.0,
+                    (true, false) => 1.0,
+                },
+            )
+            .collect();
+        let working = raw.graph.iter().filter(|n| n.is_working()).count() as f64;
+        for cycle in &mut raw.cycles {
+            for (t, iso) in cycle.node_us.iter_mut().zip(&each) {
+                *t += iso * 2.0;
+            }
+            cycle.isolation_us = Some(each.iter().sum::<f64>() / working);
+            cycle.isolation_node_us = each.clone();
+        }
+        let rules = BandRules::builtin("qwen35moe").unwrap();
+        let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+        let s = analyse(&raw, &rules, &arch).unwrap().1;
+        assert_eq!(s.isolation_source, "calibration, node by node");
+        assert!(
+            close(s.agreement_corrected, 0.0),
+            "{}",
+            s.agreement_corrected
+        );
+        // the MoE node (after the view) is back to its 500 µs of work a step: half the work
+        assert!(close(s.band("moe").unwrap().share_corrected, 0.5));
+        // with the average alone
+        for cycle in &mut raw.cycles {
+            cycle.isolation_node_us.clear();
+        }
+        let s = analyse(&raw, &rules, &arch).unwrap().1;
+        assert_eq!(s.isolation_source, "calibration");
+        assert!(close(s.agreement_corrected, 0.0));
+        let moe = s.band("moe").unwrap().share_corrected;
+        assert!(close(moe, (1000.0 + 2.0 * 15.2) / 2000.0), "{moe}");
+    }
+
     #[test]
     fn overhead_is_the_ratio_of_fused_runs() {
         let mut e = MockEngine::new(&NODES);
@@ -1134,6 +1296,7 @@ mod tests {
             timed_wall_ms: fused,
             node_us: t.to_vec(),
             isolation_us: None,
+            isolation_node_us: Vec::new(),
         };
         let raw = ProfileRaw {
             schema_version: PROFILE_SCHEMA_VERSION,
@@ -1148,6 +1311,7 @@ mod tests {
             overhead_pairs: Vec::new(),
             gate: Default::default(),
             outputs_checked_finite: true,
+            node_steps: None,
         };
         let rules = BandRules::builtin("qwen35moe").unwrap();
         let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();

@@ -11,6 +11,22 @@ pub fn filler_tokens(seed: u64, start: u32, n: u32, vocab: u32) -> Vec<i32> {
         .collect()
 }
 
+/// The tokens of decode step `step` of `parallel` sequences decoded from depth `depth`: one per
+/// sequence, each sequence its own stream (seed `seed` mixed with the sequence), at position
+/// `depth + step`. Every engine decodes the same tokens.
+pub fn decode_step_tokens(seed: u64, depth: u32, step: u32, parallel: u32, vocab: u32) -> Vec<i32> {
+    (0..parallel.max(1))
+        .map(|s| {
+            filler_tokens(
+                seed ^ (s as u64 + 1).wrapping_mul(0x9E37_79B9),
+                depth + step,
+                1,
+                vocab,
+            )[0]
+        })
+        .collect()
+}
+
 /// SplitMix64: a small, well-mixed, stable hash (Vigna). Kept here rather than pulling in a
 /// random-number crate because the sequence must never change between versions.
 pub fn splitmix64(mut x: u64) -> u64 {

@@ -1342,12 +1342,14 @@ mod tests {
                     timed_wall_ms: fused_ms,
                     node_us: t.to_vec(),
                     isolation_us: None,
+                    isolation_node_us: vec![],
                 })
                 .collect(),
             output_hashes: BTreeMap::new(),
             overhead_pairs: vec![],
             gate: Default::default(),
             outputs_checked_finite: true,
+            node_steps: Some(1),
         }
     }
 

@@ -93,6 +93,8 @@ pub struct LlamaEngine {
     decode_graph_ops: Option<Vec<u32>>,
     /// The ops of the captured graph, to check that TIMED runs compute the same graph.
     graph_ops: Option<Vec<u32>>,
+    /// How ggml dispatches each node of the captured graph (the calibration graph follows it).
+    graph_dispatch: Vec<crate::calibrate::Dispatch>,
     load_ms: f64,
     /// The mode of the last run, whose context holds the logits.
     last_mode: Option<Mode>,
@@ -126,6 +128,7 @@ impl LlamaEngine {
             sweep: None,
             decode_graph_ops: None,
             graph_ops: None,
+            graph_dispatch: Vec::new(),
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
             last_mode: None,
             replay_scratch_bytes: 0,
@@ -403,6 +406,103 @@ impl LlamaEngine {
         Ok(total)
     }
 
+    /// A replay run (see [`Engine::replay`]); with `launches_only`, every marked node dispatches
+    /// `k` rounds of one trivial clone instead of `k` clones (see [`Engine::replay_launches`]).
+    fn replay_run(
+        &mut self,
+        cut: &[bool],
+        replay: &[bool],
+        k: u32,
+        launches_only: bool,
+    ) -> Result<ChunkTiming, EngineError> {
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("replay() before prepare()".into()))?;
+        if work.is_decode() {
+            return Err(EngineError::Unsupported {
+                what: "replay of decode runs".into(),
+                why: "replay measures one prefill chunk".into(),
+            });
+        }
+        if crate::replay::gpu_present() {
+            return Err(EngineError::Unsupported {
+                what: "in-graph replay".into(),
+                why: "a GPU device is present: llama.cpp may offload nodes, and replay clones \
+                      compute on the CPU"
+                    .into(),
+            });
+        }
+        // the scratch size and the node count come from graph() of this very work
+        let expected_nodes = self
+            .graph_ops
+            .as_ref()
+            .map(|ops| ops.len() as u32)
+            .ok_or_else(|| EngineError::Failed("replay() before graph()".into()))?;
+        let scratch = self.replay_scratch_bytes.max(1);
+        let pool = self.pool.clone();
+        let chunk = std::mem::take(&mut self.chunk);
+        let state = std::mem::take(&mut self.state);
+        let result = (|| {
+            let ctx = self.context(Mode::FusedObserved)?;
+            ctx.restore_state(&state)?;
+            ctx.set_observe_mode(ObserveMode::Replay)?;
+            let obs = ctx.observer_mut()?;
+            if obs.replayer.is_none() {
+                obs.replayer = Some(crate::replay::Replayer::new(
+                    &pool,
+                    scratch,
+                    crate::replay::CLONES_PER_ROUND as usize,
+                )?);
+            }
+            if let Some(r) = obs.replayer.as_mut() {
+                r.reset_counts();
+            }
+            obs.plan = crate::replay::ReplayPlan {
+                cut: cut.to_vec(),
+                replay: replay.to_vec(),
+                k,
+                launches_only,
+            };
+            let t0 = Instant::now();
+            ctx.decode(&chunk, work.depth_tokens, work.all_logits)?;
+            let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let row = ctx.logits(-1)?;
+            check_finite("the replay run", &row)?;
+            let hash = hash_f32(&row);
+            let obs = ctx.observer_mut()?;
+            let nodes_seen = obs.nodes_seen;
+            let (skipped, failed) = obs
+                .replayer
+                .as_ref()
+                .map(|r| (r.skipped, r.failed))
+                .unwrap_or((0, 0));
+            Ok::<_, EngineError>((wall_ms, hash, nodes_seen, skipped, failed))
+        })();
+        self.chunk = chunk;
+        self.state = state;
+        self.last_mode = Some(Mode::FusedObserved);
+        self.pool.pause();
+        let (wall_ms, output_hash, nodes_seen, skipped, failed) = result?;
+        if nodes_seen != expected_nodes {
+            return Err(EngineError::GraphChanged(format!(
+                "the replay run asked about {nodes_seen} nodes, the captured graph has {expected_nodes}"
+            )));
+        }
+        if skipped > 0 || failed > 0 {
+            return Err(EngineError::Failed(format!(
+                "{skipped} node(s) could not be replayed and {failed} replay(s) failed to compute: \
+                 the run's timing would undercount"
+            )));
+        }
+        Ok(ChunkTiming {
+            wall_ms,
+            node_us: Vec::new(),
+            nodes_seen,
+            output_hash,
+        })
+    }
+
     /// The tokens of sweep chunk `index` and its first position.
     fn sweep_tokens(&self, work: &Work, index: u32) -> Result<(Vec<i32>, u32), EngineError> {
         let pos0 = index
@@ -440,7 +540,20 @@ impl LlamaEngine {
         reps: u32,
         rotate_bytes: u64,
     ) -> Result<crate::optime::OpTime, LlamaError> {
-        crate::optime::time_node(
+        self.time_node_flushed(node, routing, reps, rotate_bytes, 0)
+    }
+
+    /// [`LlamaEngine::time_node`] with `flush_bytes` written before every repetition (see
+    /// [`crate::optime::OpTimeConfig::flush_bytes`]).
+    pub fn time_node_flushed(
+        &self,
+        node: &NodeInfo,
+        routing: Option<&[i32]>,
+        reps: u32,
+        rotate_bytes: u64,
+        flush_bytes: u64,
+    ) -> Result<crate::optime::OpTime, LlamaError> {
+        let r = crate::optime::time_node(
             &self.pool,
             node,
             routing,
@@ -448,8 +561,11 @@ impl LlamaEngine {
                 repack: !self.cfg.no_repack,
                 rotate_bytes,
                 reps,
+                flush_bytes,
             },
-        )
+        );
+        self.pool.pause();
+        r
     }
 
     /// The graph llama.cpp computes for `work`, described without running the model: one
@@ -599,12 +715,26 @@ impl Engine for LlamaEngine {
             Ok::<_, EngineError>((
                 std::mem::take(&mut obs.captured),
                 std::mem::take(&mut obs.ops),
+                std::mem::take(&mut obs.all_threads),
             ))
         })();
         self.chunk = chunk;
         self.state = state;
-        let (nodes, ops) = result?;
+        let (nodes, ops, all_threads) = result?;
         self.graph_ops = Some(ops);
+        self.graph_dispatch = nodes
+            .iter()
+            .zip(all_threads.iter().chain(std::iter::repeat(&true)))
+            .map(|(n, &all)| {
+                if !n.is_working() {
+                    crate::calibrate::Dispatch::Idle
+                } else if all {
+                    crate::calibrate::Dispatch::AllThreads
+                } else {
+                    crate::calibrate::Dispatch::OneThread
+                }
+            })
+            .collect();
         self.replay_scratch_bytes = nodes
             .iter()
             .map(|n| n.out.size_bytes as usize)
@@ -641,8 +771,24 @@ impl Engine for LlamaEngine {
     }
 
     fn isolation_cost_us(&mut self) -> Result<Option<f64>, EngineError> {
-        let c = crate::calibrate::isolation_cost(&self.pool, 64, 3)?;
-        Ok(Some(c.per_node_us))
+        Ok(self.calibrate_isolation()?.map(|c| c.per_node_us))
+    }
+
+    fn calibrate_isolation(
+        &mut self,
+    ) -> Result<Option<opledger_core::engine::IsolationCalibration>, EngineError> {
+        // a calibration graph dispatched as the captured graph is, node for node
+        let c = crate::calibrate::isolation_cost(&self.pool, &self.graph_dispatch, 5)?;
+        let each_node_us = if c.each_node_us.len() == self.graph_dispatch.len() {
+            c.each_node_us
+        } else {
+            // no graph captured yet: the average for every node
+            Vec::new()
+        };
+        Ok(Some(opledger_core::engine::IsolationCalibration {
+            per_node_us: c.per_node_us,
+            each_node_us,
+        }))
     }
 
     fn replay(
@@ -651,87 +797,20 @@ impl Engine for LlamaEngine {
         replay: &[bool],
         k: u32,
     ) -> Result<ChunkTiming, EngineError> {
-        let work = self
-            .work
-            .clone()
-            .ok_or_else(|| EngineError::Failed("replay() before prepare()".into()))?;
-        if work.is_decode() {
-            return Err(EngineError::Unsupported {
-                what: "replay of decode runs".into(),
-                why: "replay measures one prefill chunk".into(),
-            });
-        }
-        if crate::replay::gpu_present() {
-            return Err(EngineError::Unsupported {
-                what: "in-graph replay".into(),
-                why: "a GPU device is present: llama.cpp may offload nodes, and replay clones \
-                      compute on the CPU"
-                    .into(),
-            });
-        }
-        // the scratch size and the node count come from graph() of this very work
-        let expected_nodes = self
-            .graph_ops
-            .as_ref()
-            .map(|ops| ops.len() as u32)
-            .ok_or_else(|| EngineError::Failed("replay() before graph()".into()))?;
-        let scratch = self.replay_scratch_bytes.max(1);
-        let pool = self.pool.clone();
-        let chunk = std::mem::take(&mut self.chunk);
-        let state = std::mem::take(&mut self.state);
-        let result = (|| {
-            let ctx = self.context(Mode::FusedObserved)?;
-            ctx.restore_state(&state)?;
-            ctx.set_observe_mode(ObserveMode::Replay)?;
-            let obs = ctx.observer_mut()?;
-            if obs.replayer.is_none() {
-                obs.replayer = Some(crate::replay::Replayer::new(&pool, scratch, 16)?);
-            }
-            if let Some(r) = obs.replayer.as_mut() {
-                r.reset_counts();
-            }
-            obs.plan = crate::replay::ReplayPlan {
-                cut: cut.to_vec(),
-                replay: replay.to_vec(),
-                k,
-            };
-            let t0 = Instant::now();
-            ctx.decode(&chunk, work.depth_tokens, work.all_logits)?;
-            let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
-            let row = ctx.logits(-1)?;
-            check_finite("the replay run", &row)?;
-            let hash = hash_f32(&row);
-            let obs = ctx.observer_mut()?;
-            let nodes_seen = obs.nodes_seen;
-            let (skipped, failed) = obs
-                .replayer
-                .as_ref()
-                .map(|r| (r.skipped, r.failed))
-                .unwrap_or((0, 0));
-            Ok::<_, EngineError>((wall_ms, hash, nodes_seen, skipped, failed))
-        })();
-        self.chunk = chunk;
-        self.state = state;
-        self.last_mode = Some(Mode::FusedObserved);
-        self.pool.pause();
-        let (wall_ms, output_hash, nodes_seen, skipped, failed) = result?;
-        if nodes_seen != expected_nodes {
-            return Err(EngineError::GraphChanged(format!(
-                "the replay run asked about {nodes_seen} nodes, the captured graph has {expected_nodes}"
-            )));
-        }
-        if skipped > 0 || failed > 0 {
-            return Err(EngineError::Failed(format!(
-                "{skipped} node(s) could not be replayed and {failed} replay(s) failed to compute: \
-                 the run's timing would undercount"
-            )));
-        }
-        Ok(ChunkTiming {
-            wall_ms,
-            node_us: Vec::new(),
-            nodes_seen,
-            output_hash,
-        })
+        self.replay_run(cut, replay, k, false)
+    }
+
+    fn replay_rounds(&self, k: u32) -> u32 {
+        crate::replay::rounds(k)
+    }
+
+    fn replay_launches(
+        &mut self,
+        cut: &[bool],
+        replay: &[bool],
+        rounds: u32,
+    ) -> Result<ChunkTiming, EngineError> {
+        self.replay_run(cut, replay, rounds, true)
     }
 
     fn routed_experts(&mut self) -> Result<Option<BTreeMap<u32, u32>>, EngineError> {
@@ -1030,16 +1109,13 @@ fn sweep_step_tokens(work: &Work, pos: u32, parallel: u32, vocab: u32) -> Vec<i3
 
 /// The tokens of decode step `step`: one per sequence, each sequence its own stream.
 fn decode_step_tokens(work: &Work, step: u32, vocab: u32) -> Vec<i32> {
-    (0..work.parallel.max(1))
-        .map(|s| {
-            filler_tokens(
-                work.token_seed ^ (s as u64 + 1).wrapping_mul(0x9E37_79B9),
-                work.depth_tokens + step,
-                1,
-                vocab,
-            )[0]
-        })
-        .collect()
+    opledger_core::tokens::decode_step_tokens(
+        work.token_seed,
+        work.depth_tokens,
+        step,
+        work.parallel,
+        vocab,
+    )
 }
 
 /// What the instrument does in each mode (the plain context has none).

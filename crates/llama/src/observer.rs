@@ -49,7 +49,58 @@ pub(crate) struct Observer {
     /// Replay mode: what to cut and replay, and the resources to do it.
     pub plan: crate::replay::ReplayPlan,
     pub replayer: Option<crate::replay::Replayer>,
+    /// Capture mode: for every node, whether ggml's CPU backend splits it over the pool's
+    /// threads (`true`) or computes it on one (views, and ops such as SUM_ROWS, GET_ROWS or
+    /// SIGMOID), from ggml's own plan of a graph of that node alone.
+    pub all_threads: Vec<bool>,
+    planner: Option<Planner>,
 }
+
+/// A small ggml context in which a graph of one node is planned (`ggml_graph_plan`): how many
+/// of the pool's threads the CPU backend would give it.
+#[derive(Debug)]
+struct Planner(std::ptr::NonNull<sys::ggml_context>);
+
+impl Planner {
+    fn new() -> Option<Planner> {
+        // SAFETY: a size query, then ggml_init with no_alloc: metadata only, owned or null.
+        unsafe {
+            let params = sys::ggml_init_params {
+                mem_size: sys::ggml_graph_overhead_custom(1, false) + 1024,
+                mem_buffer: std::ptr::null_mut(),
+                no_alloc: true,
+            };
+            std::ptr::NonNull::new(sys::ggml_init(params)).map(Planner)
+        }
+    }
+
+    /// Whether ggml plans `t` on more than one thread (asked with 64 threads available).
+    fn all_threads(&mut self, t: &sys::ggml_tensor) -> bool {
+        // SAFETY: the context is ours and reset before each use; the graph holds only a pointer
+        // to t, a live node of the graph being computed, and ggml_graph_plan reads its fields
+        // (op, parameters, sources' types and buffers) without writing anything or allocating.
+        unsafe {
+            sys::ggml_reset(self.0.as_ptr());
+            let g = sys::ggml_new_graph_custom(self.0.as_ptr(), 1, false);
+            if g.is_null() {
+                return true;
+            }
+            sys::ggml_graph_add_node(g, t as *const _ as *mut _);
+            sys::ggml_graph_plan(g, 64, std::ptr::null_mut()).n_threads > 1
+        }
+    }
+}
+
+impl Drop for Planner {
+    fn drop(&mut self) {
+        // SAFETY: from ggml_init, freed once; the graphs in it are not used after a plan.
+        unsafe { sys::ggml_free(self.0.as_ptr()) }
+    }
+}
+
+// SAFETY: the Planner is used only from the thread that runs llama_decode (inside the eval
+// callback), never concurrently.
+unsafe impl Send for Planner {}
 
 impl Observer {
     pub fn new() -> Observer {
@@ -66,6 +117,8 @@ impl Observer {
             ids: Vec::new(),
             plan: crate::replay::ReplayPlan::default(),
             replayer: None,
+            all_threads: Vec::new(),
+            planner: None,
         }
     }
 
@@ -80,6 +133,7 @@ impl Observer {
         self.t_ask = None;
         self.panic = None;
         self.ids.clear();
+        self.all_threads.clear();
     }
 
     fn on_eval(&mut self, t: &sys::ggml_tensor, ask: bool) -> bool {
@@ -93,6 +147,9 @@ impl Observer {
                 let i = self.nodes_seen.saturating_sub(1) as usize;
                 if self.plan.replay.get(i).copied().unwrap_or(false) {
                     if let Some(r) = self.replayer.as_mut() {
+                        if self.plan.launches_only {
+                            return r.launch_rounds(self.plan.k);
+                        }
                         // SAFETY: t is the node the scheduler just computed; its sources are
                         // live tensors of the graph being computed.
                         return unsafe { r.replay(t as *const _ as *mut _, self.plan.k) };
@@ -131,6 +188,11 @@ impl Observer {
                 self.captured.push(describe_node(t, index, &self.producers));
                 self.producers.insert(t as *const _ as usize, index);
                 self.ops.push(t.op);
+                if self.planner.is_none() {
+                    self.planner = Planner::new();
+                }
+                let all = self.planner.as_mut().is_none_or(|p| p.all_threads(t));
+                self.all_threads.push(all);
                 false
             }
             // An observe call we did not ask for cannot happen; keep computing if it does.

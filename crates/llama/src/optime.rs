@@ -1,7 +1,8 @@
 //! One node of a real graph rebuilt and timed alone: a one-op ggml graph on a CPU backend that
 //! shares the engine's thread pool, sources re-created with the node's shapes, strides and types
 //! (weights in the CPU backend's repacking buffer when the model's were), filled with valid data,
-//! several copies rotated so weights are not all cache-warm.
+//! several copies rotated so weights are not all cache-warm, and optionally the cache flushed
+//! before every repetition so that weights come from memory.
 
 use std::ptr::NonNull;
 use std::time::Instant;
@@ -36,6 +37,18 @@ pub struct OpTimeConfig {
     pub rotate_bytes: u64,
     /// Timed repetitions (after one warm-up).
     pub reps: u32,
+    /// Bytes of a buffer written before every repetition, untimed (0: none): larger than the
+    /// last-level cache, it evicts the op's weights, which then come from memory as they do in a
+    /// decode step of a model larger than the cache.
+    pub flush_bytes: u64,
+}
+
+/// Writes one byte in every 64-byte line of `buf`, evicting what the cache held before.
+fn flush(buf: &mut [u8]) {
+    for b in buf.iter_mut().step_by(64) {
+        *b = b.wrapping_add(1);
+    }
+    std::hint::black_box(&buf);
 }
 
 struct Ctx(NonNull<sys::ggml_context>);
@@ -343,7 +356,33 @@ pub fn time_node(
             keep_ctx.push(actx);
         }
 
-        let compute = |g: *mut sys::ggml_cgraph| -> Result<f64, LlamaError> {
+        let mut flush_buf = vec![0u8; cfg.flush_bytes as usize];
+        // a one-element op computed on the pool after each flush, untimed: the flush takes long
+        // enough for the pool's workers to go to sleep, and waking them is no part of the op
+        let wake = if flush_buf.is_empty() {
+            None
+        } else {
+            let wctx = new_ctx(2)?;
+            let a = sys::ggml_new_tensor_1d(wctx.0.as_ptr(), sys::GGML_TYPE_F32, 1);
+            let c = sys::ggml_add(wctx.0.as_ptr(), a, a);
+            let b = sys::ggml_backend_alloc_ctx_tensors_from_buft(wctx.0.as_ptr(), cpu_buft);
+            keep_buf.push(Buffer(NonNull::new(b).ok_or_else(|| {
+                LlamaError::Invalid("allocating buffers failed".into())
+            })?));
+            sys::ggml_backend_tensor_set(a, [0f32].as_ptr().cast(), 0, 4);
+            let g = sys::ggml_new_graph(wctx.0.as_ptr());
+            sys::ggml_build_forward_expand(g, c);
+            keep_ctx.push(wctx);
+            Some(g)
+        };
+        let mut compute = |g: *mut sys::ggml_cgraph| -> Result<f64, LlamaError> {
+            if !flush_buf.is_empty() {
+                flush(&mut flush_buf);
+            }
+            if let Some(w) = wake {
+                sys::ggml_backend_graph_compute(backend.0.as_ptr(), w);
+                sys::ggml_backend_synchronize(backend.0.as_ptr());
+            }
             let t0 = Instant::now();
             let status = sys::ggml_backend_graph_compute(backend.0.as_ptr(), g);
             sys::ggml_backend_synchronize(backend.0.as_ptr());

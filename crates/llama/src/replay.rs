@@ -17,6 +17,17 @@ pub struct ReplayPlan {
     pub cut: Vec<bool>,
     pub replay: Vec<bool>,
     pub k: u32,
+    /// Dispatch `k` rounds of one trivial clone instead of `k` clones: what a round's launch
+    /// costs beyond the clones' work.
+    pub launches_only: bool,
+}
+
+/// Clones per round: one graph of at most this many clones is computed per round.
+pub const CLONES_PER_ROUND: u32 = 16;
+
+/// The rounds `k` replays of one node take.
+pub fn rounds(k: u32) -> u32 {
+    k.div_ceil(CLONES_PER_ROUND)
 }
 
 impl std::fmt::Debug for Replayer {
@@ -144,6 +155,50 @@ impl Replayer {
                     == sys::GGML_STATUS_SUCCESS
                 {
                     self.replayed += n as u32;
+                } else {
+                    self.failed += 1;
+                    return true;
+                }
+            }
+            true
+        }
+    }
+
+    /// Dispatches `rounds` rounds of one trivial clone (a one-element ADD, which ggml splits
+    /// over every thread as it does real nodes) through the same backend, thread pool and call as
+    /// [`Replayer::replay`]'s rounds: the launch and synchronisation a round pays beyond its
+    /// clones' work. Always lets the scheduler go on, as `replay` does.
+    pub(crate) fn launch_rounds(&mut self, rounds: u32) -> bool {
+        // SAFETY: the context is ours and reset before each round; both one-element tensors lie
+        // in the scratch buffer (at least 64 bytes: offsets 0 and 32, 4 bytes each), which
+        // nothing else reads during the round.
+        unsafe {
+            let base = sys::ggml_backend_buffer_get_base(self.scratch.as_ptr()) as *mut u8;
+            for _ in 0..rounds {
+                sys::ggml_reset(self.ctx.as_ptr());
+                let graph = sys::ggml_new_graph_custom(self.ctx.as_ptr(), 4, false);
+                let a = sys::ggml_new_tensor_1d(self.ctx.as_ptr(), sys::GGML_TYPE_F32, 1);
+                if a.is_null()
+                    || sys::ggml_backend_tensor_alloc(self.scratch.as_ptr(), a, base.cast())
+                        != sys::GGML_STATUS_SUCCESS
+                {
+                    self.skipped += 1;
+                    return true;
+                }
+                let c = sys::ggml_add(self.ctx.as_ptr(), a, a);
+                if c.is_null()
+                    || sys::ggml_backend_tensor_alloc(self.scratch.as_ptr(), c, base.add(32).cast())
+                        != sys::GGML_STATUS_SUCCESS
+                {
+                    self.skipped += 1;
+                    return true;
+                }
+                (*c).flags |= sys::GGML_TENSOR_FLAG_COMPUTE as i32;
+                sys::ggml_graph_add_node(graph, c);
+                if sys::ggml_backend_graph_compute(self.backend.as_ptr(), graph)
+                    == sys::GGML_STATUS_SUCCESS
+                {
+                    self.replayed += 1;
                 } else {
                     self.failed += 1;
                     return true;

@@ -45,6 +45,33 @@ fn cells(row: &Row) -> Vec<String> {
     ]
 }
 
+/// What marks a replay column whose validations failed, in every format.
+pub const UNRELIABLE: &str = "unreliable";
+
+/// The header, the replay columns marked where their side's validations failed.
+fn header(r: &LedgerReport) -> Vec<String> {
+    let mut h: Vec<String> = HEADER.iter().map(|s| s.to_string()).collect();
+    for (col, rr) in [(5, &r.replay_a), (6, &r.replay_b)] {
+        if rr.as_ref().is_some_and(|rr| !rr.reliable) {
+            h[col] = format!("{} ({UNRELIABLE})", h[col]);
+        }
+    }
+    h
+}
+
+fn header_refs(h: &[String]) -> Vec<&str> {
+    h.iter().map(String::as_str).collect()
+}
+
+/// `ok`, `unreliable`, or empty where the side has no replay.
+fn replay_status(rr: &Option<ReplayResult>) -> String {
+    match rr {
+        Some(rr) if rr.reliable => "ok".into(),
+        Some(_) => UNRELIABLE.into(),
+        None => String::new(),
+    }
+}
+
 fn rows(r: &LedgerReport) -> Vec<Vec<String>> {
     let l = &r.ledger;
     let mut rows: Vec<Vec<String>> = l.rows.iter().map(cells).collect();
@@ -115,7 +142,15 @@ fn validations(name: &str, rr: &ReplayResult) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "replay {name}: baseline {:.1} ms (spread {:.1} ms over {} cycles), outputs {}",
+        "replay {name}: {} · baseline {:.1} ms (spread {:.1} ms over {} cycles), outputs {}",
+        if rr.reliable {
+            "every validation within its bound".to_string()
+        } else {
+            format!(
+                "UNRELIABLE ({} failed): the replay column must not be trusted",
+                rr.failed_checks().join(", ")
+            )
+        },
         rr.baseline_ms,
         rr.baseline_spread_ms,
         rr.cycles,
@@ -125,19 +160,33 @@ fn validations(name: &str, rr: &ReplayResult) -> String {
             "CHANGED by a replay"
         }
     );
+    match rr.round_cost_us {
+        Some(us) => {
+            let _ = writeln!(
+                out,
+                "  launch per replay round: {us:.2} µs (range {:.2}-{:.2}), measured by rounds of one trivial clone at every replayable node and removed from every increment; baseline work {:.1} ms",
+                rr.round_cost_min_us, rr.round_cost_max_us, rr.baseline_work_ms
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "  launch per replay round: none (a replay is the op's own call again)"
+            );
+        }
+    }
+    for (i, c) in rr.checks.iter().filter(|c| c.name != "outputs").enumerate() {
+        let _ = writeln!(
+            out,
+            "  {}. {}: {}",
+            i + 1,
+            if c.pass { "ok" } else { "FAILED" },
+            c.detail
+        );
+    }
     let _ = writeln!(
         out,
-        "  1. replay all bands once / baseline: {:.3} (expect ~1)",
-        rr.replay_all_over_baseline
-    );
-    let _ = writeln!(
-        out,
-        "  2. sum of band increments / replay-all increment: {:.3} (expect ~1)",
-        rr.sum_over_replay_all
-    );
-    let _ = writeln!(
-        out,
-        "  3. {} replayed k = {}: {} per replay; line through the increments: {:.2} ms per replay, R² {:.4}",
+        "     {} replayed k = {}: {} per replay; line through the increments: {:.2} ms per replay",
         rr.scaling_band,
         rr.scaling_ms_per_replay
             .iter()
@@ -150,7 +199,6 @@ fn validations(name: &str, rr: &ReplayResult) -> String {
             .collect::<Vec<_>>()
             .join(", "),
         rr.scaling_slope_ms,
-        rr.scaling_r2
     );
     let _ = writeln!(
         out,
@@ -238,7 +286,7 @@ pub fn ledger_text(r: &LedgerReport) -> String {
     format!(
         "{}\n{}\n\nbytes, time: A/B ratios; verdicts place A on this machine's roofline: bandwidth- or compute-bound at half the measured copy or matmul peak or more, else neither (latency and overhead)\n{}",
         heading(r),
-        text_table(&HEADER, &ALIGN, &rows(r)),
+        text_table(&header_refs(&header(r)), &ALIGN, &rows(r)),
         tail(r)
     )
 }
@@ -252,7 +300,7 @@ pub fn ledger_markdown(r: &LedgerReport) -> String {
     format!(
         "## Ledger\n\n```\n{}```\n\n{}\n\n```\n{}```\n",
         heading(r),
-        markdown_table(&HEADER, &ALIGN, &rows),
+        markdown_table(&header_refs(&header(r)), &ALIGN, &rows),
         tail(r)
     )
 }
@@ -269,6 +317,8 @@ pub fn ledger_csv(r: &LedgerReport) -> Result<String, csv::Error> {
         "leave_alone",
         "a_replay_ms_per_token",
         "b_replay_ms_per_token",
+        "a_replay_status",
+        "b_replay_status",
         "bytes_ratio",
         "time_ratio",
         "a_gb_per_s",
@@ -288,6 +338,8 @@ pub fn ledger_csv(r: &LedgerReport) -> Result<String, csv::Error> {
             row.leave_alone.to_string(),
             o(row.a_replay_ms_per_token),
             o(row.b_replay_ms_per_token),
+            replay_status(&r.replay_a),
+            replay_status(&r.replay_b),
             o(row.bytes_ratio),
             o(row.time_ratio),
             o(row.a_gb_per_s),
@@ -328,6 +380,73 @@ mod tests {
             peaks: None,
             notes: vec![],
         }
+    }
+
+    fn replay(reliable: bool) -> ReplayResult {
+        let all = if reliable { 1.0 } else { 0.84 };
+        let (checks, spread) =
+            opledger_core::replay::validate(all, 1.0, &[(1, 5.0), (2, 5.0), (4, 5.0)], 1.0, true);
+        ReplayResult {
+            k: 4,
+            cycles: 3,
+            tokens: 512,
+            baseline_ms: 100.0,
+            baseline_spread_ms: 1.0,
+            round_cost_us: Some(12.5),
+            round_cost_min_us: 12.0,
+            round_cost_max_us: 13.0,
+            baseline_work_ms: 98.0,
+            bands: vec![],
+            replay_all_ms: 98.0 * all,
+            replay_all_over_baseline: all,
+            sum_of_bands_ms: 98.0 * all,
+            sum_over_replay_all: 1.0,
+            scaling_band: "moe".into(),
+            scaling_ms_per_replay: vec![(1, 5.0), (2, 5.0), (4, 5.0)],
+            scaling_spread: spread,
+            scaling_slope_ms: 5.0,
+            scaling_r2: 1.0,
+            outputs_identical: true,
+            reliable: checks.iter().all(|c| c.pass),
+            checks,
+            excluded_inplace: vec![],
+            excluded_share: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_failed_replay_validation_marks_the_replay_column_unreliable_in_every_format() {
+        let mut r = report();
+        r.replay_a = Some(replay(true));
+        r.replay_b = Some(replay(false));
+        let t = ledger_text(&r);
+        assert!(t.contains("B replay (unreliable)"), "{t}");
+        assert!(!t.contains("A replay (unreliable)"), "{t}");
+        assert!(
+            t.contains("replay B: UNRELIABLE (replay-all failed)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("FAILED: replay all bands once / baseline work: 0.840"),
+            "{t}"
+        );
+        assert!(t.contains("launch per replay round: 12.50 µs"), "{t}");
+        let md = ledger_markdown(&r);
+        assert!(md.contains("B replay (unreliable)"), "{md}");
+        let csv = ledger_csv(&r).unwrap();
+        let mut lines = csv.lines();
+        let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let a = head.iter().position(|h| *h == "a_replay_status").unwrap();
+        let b = head.iter().position(|h| *h == "b_replay_status").unwrap();
+        for line in lines {
+            let cells: Vec<&str> = line.split(',').collect();
+            assert_eq!((cells[a], cells[b]), ("ok", UNRELIABLE), "{csv}");
+        }
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["replay_b"]["reliable"], false);
+        assert_eq!(json["replay_a"]["reliable"], true);
+        assert_eq!(json["replay_b"]["checks"][0]["name"], "replay-all");
+        assert_eq!(json["replay_b"]["checks"][0]["pass"], false);
     }
 
     #[test]

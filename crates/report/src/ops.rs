@@ -9,13 +9,33 @@ use crate::table::{text_table, Align};
 
 pub fn ops_text(title: &str, s: &OpsSummary) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{title}\nchunk of {} tokens, FUSED wall {:.2} ms\n",
-        s.tokens, s.fused_ms
-    );
+    let work = if s.decode_tokens > 0 {
+        format!(
+            "one decode step of {} sequence(s) ({} token(s) a graph; in-graph bands from {} steps), FUSED wall {:.3} ms a step",
+            s.parallel, s.tokens, s.decode_tokens, s.fused_ms
+        )
+    } else {
+        format!(
+            "chunk of {} tokens, FUSED wall {:.2} ms",
+            s.tokens, s.fused_ms
+        )
+    };
+    let cache = if s.flush_bytes > 0 {
+        format!(
+            "ops alone: {} MiB written before every repetition, so weights come from memory",
+            s.flush_bytes >> 20
+        )
+    } else {
+        "ops alone: no cache flush (weights as warm as the repetitions leave them)".to_string()
+    };
+    let _ = writeln!(out, "{title}\n{work}\n{cache}\n");
     let routings: Vec<&str> = s.routings.iter().map(|r| r.name()).collect();
-    let mut header = vec!["band", "in-graph ms/token"];
+    let mut header = vec![if s.decode_tokens > 0 {
+        "in-graph ms/token (isolation removed)"
+    } else {
+        "in-graph ms/token"
+    }];
+    header.insert(0, "band");
     let named: Vec<String> = routings.iter().map(|r| format!("alone, {r}")).collect();
     header.extend(named.iter().map(String::as_str));
     let mut rows: Vec<Vec<String>> = s
@@ -46,6 +66,36 @@ pub fn ops_text(title: &str, s: &OpsSummary) -> String {
     let mut align = vec![Align::Right; header.len()];
     align[0] = Align::Left;
     let _ = writeln!(out, "{}\n", text_table(&header, &align, &rows));
+    // weight bytes one graph reads, per band and routing
+    let mut bheader = vec!["band".to_string()];
+    bheader.extend(routings.iter().map(|r| format!("MiB read, {r}")));
+    let brows: Vec<Vec<String>> = s
+        .bands
+        .iter()
+        .filter(|b| !b.weight_bytes.is_empty())
+        .map(|b| {
+            let mut r = vec![b.band.clone()];
+            for name in &routings {
+                r.push(format!(
+                    "{:.2}",
+                    b.weight_bytes.get(*name).copied().unwrap_or(0) as f64 / (1u64 << 20) as f64
+                ));
+            }
+            r
+        })
+        .collect();
+    if !brows.is_empty() {
+        let h: Vec<&str> = bheader.iter().map(String::as_str).collect();
+        let mut align = vec![Align::Right; h.len()];
+        align[0] = Align::Left;
+        let _ =
+            writeln!(
+            out,
+            "weights read by one {} (expert tensors: only the experts the routing touches):\n{}\n",
+            if s.decode_tokens > 0 { "decode step" } else { "chunk" },
+            text_table(&h, &align, &brows)
+        );
+    }
     if let (Some(u), Some(m)) = (s.moe_first_k_undercount, &s.moe_band) {
         let _ = writeln!(
             out,

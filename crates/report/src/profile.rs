@@ -117,7 +117,7 @@ pub(crate) fn figures(s: &ProfileSummary) -> Vec<String> {
             s.isolation_us_per_step,
             s.isolation_source,
             s.isolation_nodes,
-            s.isolation_idle_us / (s.decode_tokens.max(1) as f64),
+            s.isolation_idle_us / (s.node_steps.max(1) as f64),
             s.agreement_corrected * 100.0
         ),
         format!(

@@ -322,9 +322,17 @@ pub fn run_ledger(args: LedgerArgs) -> Result<ExitCode> {
         print!("{text}");
         println!("run folder: {}", dir.display());
     }
-    let bad_replay = [&report.replay_a, &report.replay_b]
-        .iter()
-        .any(|r| r.as_ref().is_some_and(|r| !r.outputs_identical));
+    // a replay whose validations failed (outputs changed, replay-all or the sum of bands
+    // outside its bound, k-scaling failed) is a failed check: exit 3, as the other checks do
+    let mut bad_replay = false;
+    for (side, rr) in [("A", &report.replay_a), ("B", &report.replay_b)] {
+        if let Some(rr) = rr.as_ref().filter(|rr| !rr.reliable) {
+            bad_replay = true;
+            for c in rr.checks.iter().filter(|c| !c.pass) {
+                eprintln!("check failed: replay {side} {}: {}", c.name, c.detail);
+            }
+        }
+    }
     Ok(if bad_replay {
         ExitCode::from(crate::exit::CHECK_FAILED)
     } else {
