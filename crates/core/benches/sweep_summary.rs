@@ -155,6 +155,7 @@ fn bench(c: &mut Criterion) {
                 wall_ms: 3000.0,
                 output_hash: 1,
                 isolation_us: 0.0,
+                isolation_node_us: Vec::new(),
                 node_us: Vec::new(),
             });
             let node_us = (0..g.len())
@@ -170,6 +171,7 @@ fn bench(c: &mut Criterion) {
                 wall_ms: 3100.0,
                 output_hash: 1,
                 isolation_us: 0.0,
+                isolation_node_us: Vec::new(),
                 node_us,
             });
         }

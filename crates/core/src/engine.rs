@@ -262,6 +262,13 @@ pub trait Engine {
             }))
     }
 
+    /// The isolation cost of the sweep's decode steps, measured now (after a TIMED decode
+    /// unit): per node and step on average, and where the engine can tell, for each node of the
+    /// graph [`Engine::sweep_decode_graph`] returned. By default [`Engine::calibrate_isolation`].
+    fn calibrate_sweep_decode(&mut self) -> Result<Option<IsolationCalibration>, EngineError> {
+        self.calibrate_isolation()
+    }
+
     /// Sets up a cumulative depth sweep of `chunks` chunks of `work.chunk_tokens` (chunk c is
     /// decoded at depth c x chunk), with room for `decode` = (steps, sequences) decode steps on
     /// forked sequences after every chunk. Afterwards [`Engine::graph`] describes chunk 0 at

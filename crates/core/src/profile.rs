@@ -317,8 +317,14 @@ pub struct ProfileSummary {
     pub isolation_idle_us: f64,
     /// Nodes that do no work, the idle estimate's sample.
     pub isolation_nodes: u32,
-    /// Agreement after removing the isolation cost from every node.
+    /// Agreement after removing the calibrated isolation cost from every node.
     pub agreement_corrected: f64,
+    /// Decode: what the calibration left unexplained, µs per working node per step (median
+    /// over cycles), taken equally from every working node for the corrected columns, so they
+    /// sum to the FUSED wall (see [`crate::isolation`]); negative where the calibration took too
+    /// much. 0 for a prefill chunk, whose corrected columns remove the calibration only.
+    #[serde(default)]
+    pub isolation_remainder_us: f64,
     /// Generated tokens per sequence in decode mode (0: a prefill chunk), and sequences.
     pub decode_tokens: u32,
     pub parallel: u32,
@@ -403,6 +409,10 @@ pub fn summarise(
     let mut isolation = Vec::with_capacity(raw.cycles.len());
     let mut isolation_idle = Vec::with_capacity(raw.cycles.len());
     let mut corrected: Vec<Vec<f64>> = Vec::with_capacity(raw.cycles.len());
+    let mut calibrated_sums = Vec::with_capacity(raw.cycles.len());
+    let mut remainders = Vec::with_capacity(raw.cycles.len());
+    let working: Vec<bool> = raw.graph.iter().map(|g| g.is_working()).collect();
+    let decode = raw.config.work.is_decode();
     for c in &raw.cycles {
         let idle_us: Vec<f64> = idle.iter().map(|&i| c.node_us[i]).collect();
         let idle_iso = crate::stats::median(&idle_us).unwrap_or(0.0);
@@ -412,35 +422,38 @@ pub fn summarise(
             _ => idle_iso,
         };
         isolation.push(iso);
-        // node by node where the engine calibrated each node, else the average for every node
+        // node by node where the engine calibrated each node, else the average for every node;
+        // then the remainder the calibration missed, equally from every working node
         let each = calibrated && c.isolation_node_us.len() == n;
-        corrected.push(
-            (0..n)
-                .map(|i| {
-                    if raw.graph[i].is_working() {
-                        let iso_i = if each {
-                            c.isolation_node_us[i] * steps
-                        } else {
-                            iso
-                        };
-                        (c.node_us[i] - iso_i).max(0.0)
-                    } else {
-                        0.0
-                    }
-                })
-                .collect(),
+        let removed = crate::isolation::remove_isolation(
+            &c.node_us,
+            &working,
+            &|i| {
+                if each {
+                    c.isolation_node_us[i] * steps
+                } else {
+                    iso
+                }
+            },
+            // decode only: a chunk's nodes are large beside their isolation, and what sets
+            // its TIMED sum apart from the wall (caches, barriers) grows with the work
+            if decode { c.fused_ms * 1e3 } else { 0.0 },
         );
+        calibrated_sums.push(removed.calibrated_sum_us);
+        remainders.push(removed.remainder_us / steps);
+        corrected.push(removed.times_us);
     }
     let isolation = sample(&isolation, "isolation cost")?;
     let isolation_idle = sample(&isolation_idle, "isolation cost")?;
     let agreement_corrected = sample(
         &raw.cycles
             .iter()
-            .zip(&corrected)
-            .map(|(c, k)| k.iter().sum::<f64>() / 1e3 / c.fused_ms - 1.0)
+            .zip(&calibrated_sums)
+            .map(|(c, k)| k / 1e3 / c.fused_ms - 1.0)
             .collect::<Vec<_>>(),
         "corrected agreement",
     )?;
+    let isolation_remainder = sample(&remainders, "isolation remainder")?;
 
     // every node's TIMED times must be finite (the per-cycle estimates below sum them)
     for i in 0..n {
@@ -742,6 +755,7 @@ pub fn summarise(
         isolation_idle_us: isolation_idle.median(),
         isolation_nodes: idle.len() as u32,
         agreement_corrected: agreement_corrected.median(),
+        isolation_remainder_us: isolation_remainder.median(),
         decode_tokens: raw.config.work.decode_tokens,
         parallel: raw.config.work.parallel,
         coverage,
@@ -1343,6 +1357,65 @@ mod tests {
         // graph has no idle node, so they equal the raw ones)
         assert!(close(moe.ms_per_token_corrected, 12.5));
         assert!(close(moe.share_corrected, moe.share));
+    }
+
+    #[test]
+    fn a_decode_remainder_is_taken_from_every_working_node_not_by_share() {
+        // 4 steps of one token; per step the MoE node does 10 µs of work and the attention node
+        // 30, each paid 7 µs to be isolated of which the calibration found 5: removing only the
+        // calibration leaves 12 and 32 a step, whose shares x the 160 µs wall would give the
+        // MoE band 43.6 µs instead of its 40
+        let nodes: [MockNode; 2] = [
+            (
+                "MUL_MAT_ID",
+                "ffn_moe_gate-0",
+                "blk.0.ffn_gate_exps.weight",
+                1.0,
+            ),
+            ("FLASH_ATTN_EXT", "__fattn__-3", "", 1.0),
+        ];
+        let e = MockEngine::new(&nodes);
+        let mut c = cfg(2);
+        c.work.decode_tokens = 4;
+        let cycle = CycleRecord {
+            order: ORDERS[0].to_vec(),
+            fused_ms: 0.160,
+            fused_observed_ms: 0.160,
+            timed_wall_ms: 0.220,
+            node_us: vec![4.0 * 17.0, 4.0 * 37.0],
+            isolation_us: Some(5.0),
+            isolation_node_us: vec![5.0, 5.0],
+        };
+        let raw = ProfileRaw {
+            schema_version: PROFILE_SCHEMA_VERSION,
+            config: c,
+            graph: e.graph.clone(),
+            cycles: vec![cycle.clone(), cycle],
+            output_hashes: BTreeMap::new(),
+            overhead_pairs: Vec::new(),
+            gate: Default::default(),
+            outputs_checked_finite: true,
+            node_steps: Some(4),
+        };
+        let rules = BandRules::builtin("qwen35moe").unwrap();
+        let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+        let s = analyse(&raw, &rules, &arch).unwrap().1;
+        // the calibrated agreement: (48 + 128) / 160 - 1
+        assert!(
+            close(s.agreement_corrected, 0.1),
+            "{}",
+            s.agreement_corrected
+        );
+        assert!(
+            close(s.isolation_remainder_us, 2.0),
+            "{}",
+            s.isolation_remainder_us
+        );
+        // 40 µs of MoE work over 4 tokens: 0.01 ms a token; attention 0.03
+        let moe = s.band("moe").unwrap();
+        assert!(close(moe.ms_per_token_corrected, 0.010), "{moe:?}");
+        let att = s.band("attention").unwrap();
+        assert!(close(att.ms_per_token_corrected, 0.030), "{att:?}");
     }
 
     #[test]

@@ -95,6 +95,8 @@ pub struct LlamaEngine {
     graph_ops: Option<Vec<u32>>,
     /// How ggml dispatches each node of the captured graph (the calibration graph follows it).
     graph_dispatch: Vec<crate::calibrate::Dispatch>,
+    /// The same for the graph of a sweep's decode steps.
+    decode_graph_dispatch: Vec<crate::calibrate::Dispatch>,
     load_ms: f64,
     /// The mode of the last run, whose context holds the logits.
     last_mode: Option<Mode>,
@@ -129,6 +131,7 @@ impl LlamaEngine {
             decode_graph_ops: None,
             graph_ops: None,
             graph_dispatch: Vec::new(),
+            decode_graph_dispatch: Vec::new(),
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
             last_mode: None,
             replay_scratch_bytes: 0,
@@ -722,19 +725,7 @@ impl Engine for LlamaEngine {
         self.state = state;
         let (nodes, ops, all_threads) = result?;
         self.graph_ops = Some(ops);
-        self.graph_dispatch = nodes
-            .iter()
-            .zip(all_threads.iter().chain(std::iter::repeat(&true)))
-            .map(|(n, &all)| {
-                if !n.is_working() {
-                    crate::calibrate::Dispatch::Idle
-                } else if all {
-                    crate::calibrate::Dispatch::AllThreads
-                } else {
-                    crate::calibrate::Dispatch::OneThread
-                }
-            })
-            .collect();
+        self.graph_dispatch = dispatch_of(&nodes, &all_threads);
         self.replay_scratch_bytes = nodes
             .iter()
             .map(|n| n.out.size_bytes as usize)
@@ -783,6 +774,21 @@ impl Engine for LlamaEngine {
             c.each_node_us
         } else {
             // no graph captured yet: the average for every node
+            Vec::new()
+        };
+        Ok(Some(opledger_core::engine::IsolationCalibration {
+            per_node_us: c.per_node_us,
+            each_node_us,
+        }))
+    }
+
+    fn calibrate_sweep_decode(
+        &mut self,
+    ) -> Result<Option<opledger_core::engine::IsolationCalibration>, EngineError> {
+        let c = crate::calibrate::isolation_cost(&self.pool, &self.decode_graph_dispatch, 5)?;
+        let each_node_us = if c.each_node_us.len() == self.decode_graph_dispatch.len() {
+            c.each_node_us
+        } else {
             Vec::new()
         };
         Ok(Some(opledger_core::engine::IsolationCalibration {
@@ -975,13 +981,15 @@ impl Engine for LlamaEngine {
             let out = (
                 std::mem::take(&mut obs.captured),
                 std::mem::take(&mut obs.ops),
+                std::mem::take(&mut obs.all_threads),
             );
             ctx.clear_memory();
             Ok::<_, EngineError>(out)
         })();
         self.pool.pause();
-        let (nodes, ops) = captured?;
+        let (nodes, ops, all_threads) = captured?;
         self.decode_graph_ops = Some(ops);
+        self.decode_graph_dispatch = dispatch_of(&nodes, &all_threads);
         // the passes start from an empty context again
         if let Some(s) = self.sweep.as_mut() {
             s.next = [None, None];
@@ -1082,6 +1090,24 @@ struct SweepState {
     chunks: u32,
     next: [Option<u32>; 2],
     decode: Option<(u32, u32)>,
+}
+
+/// How each captured node is dispatched (no work, one thread, every thread), for a calibration
+/// graph that is dispatched the same way node for node.
+fn dispatch_of(nodes: &[NodeInfo], all_threads: &[bool]) -> Vec<crate::calibrate::Dispatch> {
+    nodes
+        .iter()
+        .zip(all_threads.iter().chain(std::iter::repeat(&true)))
+        .map(|(n, &all)| {
+            if !n.is_working() {
+                crate::calibrate::Dispatch::Idle
+            } else if all {
+                crate::calibrate::Dispatch::AllThreads
+            } else {
+                crate::calibrate::Dispatch::OneThread
+            }
+        })
+        .collect()
 }
 
 fn sweep_slot(mode: Mode) -> usize {

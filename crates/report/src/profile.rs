@@ -113,12 +113,20 @@ pub(crate) fn figures(s: &ProfileSummary) -> Vec<String> {
             a.max * 100.0
         ),
         format!(
-            "isolation cost {:.1} µs a node a step (from the {}; {} idle nodes say {:.1}); agreement after removing it {:+.2} %",
+            "isolation cost {:.1} µs a node a step (from the {}; {} idle nodes say {:.1}); agreement after removing it {:+.2} %{}",
             s.isolation_us_per_step,
             s.isolation_source,
             s.isolation_nodes,
             s.isolation_idle_us / (s.node_steps.max(1) as f64),
-            s.agreement_corrected * 100.0
+            s.agreement_corrected * 100.0,
+            if s.decode_tokens > 0 {
+                format!(
+                    "; the {:+.2} µs a working node a step it leaves is taken equally from every working node in the corrected columns",
+                    s.isolation_remainder_us
+                )
+            } else {
+                String::new()
+            }
         ),
         format!(
             "noise gate: {} runs rejected and retaken, {} kept although noisy (busiest other process up to {:.0} % of one CPU, all others up to {:.1} % of the machine)",

@@ -41,16 +41,21 @@ pub struct ChunkRecord {
     /// The engine's isolation cost, µs per node per step, measured right after a TIMED decode
     /// unit (0 where not measured).
     pub isolation_us: f64,
+    /// The same node by node, in graph order, where the engine calibrates each node (what
+    /// isolating a node costs depends on what was computed before it); empty otherwise.
+    pub isolation_node_us: Vec<f32>,
     /// Per-node µs of a TIMED unit, in graph order (decode: summed over the steps); empty for
     /// FUSED.
     pub node_us: Vec<f32>,
 }
 
 const RECORD_MAGIC: &[u8; 4] = b"OPLC";
-/// Version 2 adds the phase, the output hash and the isolation cost.
-const RECORD_VERSION: u32 = 2;
+/// Version 2 adds the phase, the output hash and the isolation cost; version 3 the isolation
+/// cost node by node.
+const RECORD_VERSION: u32 = 3;
 const V1_HEADER_BYTES: usize = 4 + 4 + 4 + 4 + 4 + 4 + 8;
-pub(super) const RECORD_HEADER_BYTES: usize = 4 + 4 * 6 + 8 + 8 + 8;
+const V2_HEADER_BYTES: usize = 4 + 4 * 6 + 8 + 8 + 8;
+pub(super) const RECORD_HEADER_BYTES: usize = V2_HEADER_BYTES + 4;
 
 fn mode_code(mode: Mode) -> u32 {
     match mode {
@@ -79,10 +84,13 @@ impl ChunkRecord {
     }
 
     /// Little-endian binary: magic, version, cycle, mode, chunk, phase, node count, wall (f64),
-    /// output hash (u64), isolation cost (f64), then one f32 of µs per node. About 4 bytes a
-    /// node.
+    /// output hash (u64), isolation cost (f64), the count of per-node isolation costs (u32: 0 or
+    /// the node count), then one f32 of µs per node and one f32 of isolation per node. About 4
+    /// bytes a node.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(RECORD_HEADER_BYTES + 4 * self.node_us.len());
+        let mut out = Vec::with_capacity(
+            RECORD_HEADER_BYTES + 4 * (self.node_us.len() + self.isolation_node_us.len()),
+        );
         out.extend_from_slice(RECORD_MAGIC);
         for v in [
             RECORD_VERSION,
@@ -97,13 +105,14 @@ impl ChunkRecord {
         out.extend_from_slice(&self.wall_ms.to_le_bytes());
         out.extend_from_slice(&self.output_hash.to_le_bytes());
         out.extend_from_slice(&self.isolation_us.to_le_bytes());
-        for v in &self.node_us {
+        out.extend_from_slice(&(self.isolation_node_us.len() as u32).to_le_bytes());
+        for v in self.node_us.iter().chain(&self.isolation_node_us) {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out
     }
 
-    /// Decodes a record (version 1 or 2); `what` names it in errors (a file path).
+    /// Decodes a record (version 1, 2 or 3); `what` names it in errors (a file path).
     pub fn decode(bytes: &[u8], what: &str) -> Result<ChunkRecord, SweepError> {
         let bad = |why: String| SweepError::BadRecord {
             what: what.to_string(),
@@ -125,7 +134,7 @@ impl ChunkRecord {
             2 => Mode::Timed,
             m => return Err(bad(format!("unknown mode {m}"))),
         };
-        let (phase, n, header, wall_ms, output_hash, isolation_us) = match version {
+        let (phase, n, header, wall_ms, output_hash, isolation_us, iso_n) = match version {
             1 => (
                 Phase::Prefill,
                 u(20) as usize,
@@ -133,9 +142,15 @@ impl ChunkRecord {
                 f64::from_le_bytes(f(24)),
                 0,
                 0.0,
+                0,
             ),
-            2 => {
-                if bytes.len() < RECORD_HEADER_BYTES {
+            2 | 3 => {
+                let header = if version == 2 {
+                    V2_HEADER_BYTES
+                } else {
+                    RECORD_HEADER_BYTES
+                };
+                if bytes.len() < header {
                     return Err(bad(format!("{} bytes: a truncated header", bytes.len())));
                 }
                 let phase = match u(20) {
@@ -143,32 +158,42 @@ impl ChunkRecord {
                     1 => Phase::Decode,
                     p => return Err(bad(format!("unknown phase {p}"))),
                 };
+                let n = u(24) as usize;
+                let iso_n = if version == 3 { u(52) as usize } else { 0 };
+                if iso_n != 0 && iso_n != n {
+                    return Err(bad(format!(
+                        "{iso_n} per-node isolation costs for {n} nodes"
+                    )));
+                }
                 (
                     phase,
-                    u(24) as usize,
-                    RECORD_HEADER_BYTES,
+                    n,
+                    header,
                     f64::from_le_bytes(f(28)),
                     u64::from_le_bytes(f(36)),
                     f64::from_le_bytes(f(44)),
+                    iso_n,
                 )
             }
             v => {
                 return Err(bad(format!(
-                    "record version {v} (this opledger reads 1 and {RECORD_VERSION})"
+                    "record version {v} (this opledger reads 1 to {RECORD_VERSION})"
                 )))
             }
         };
-        let expected = header as u64 + 4 * n as u64;
+        let expected = header as u64 + 4 * (n + iso_n) as u64;
         if bytes.len() as u64 != expected {
             return Err(bad(format!(
                 "{} bytes for {n} nodes (expected {expected})",
                 bytes.len()
             )));
         }
-        let node_us = bytes[header..]
+        let floats: Vec<f32> = bytes[header..]
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
+        let (node_us, isolation_node_us) = floats.split_at(n);
+        let (node_us, isolation_node_us) = (node_us.to_vec(), isolation_node_us.to_vec());
         Ok(ChunkRecord {
             cycle: u(8),
             mode,
@@ -177,6 +202,7 @@ impl ChunkRecord {
             wall_ms,
             output_hash,
             isolation_us,
+            isolation_node_us,
             node_us,
         })
     }
@@ -371,6 +397,11 @@ mod tests {
             wall_ms: 123.25,
             output_hash: 0xdead_beef_0123_4567,
             isolation_us: 0.75,
+            isolation_node_us: if phase == Phase::Decode {
+                vec![0.5, 0.0, 3.25]
+            } else {
+                Vec::new()
+            },
             node_us: vec![1.5, 0.0, 1e6],
         }
     }
@@ -380,7 +411,8 @@ mod tests {
         for phase in [Phase::Prefill, Phase::Decode] {
             let r = record(phase);
             let bytes = r.encode();
-            assert_eq!(bytes.len(), RECORD_HEADER_BYTES + 12);
+            let floats = 3 + r.isolation_node_us.len();
+            assert_eq!(bytes.len(), RECORD_HEADER_BYTES + 4 * floats);
             assert_eq!(ChunkRecord::decode(&bytes, "x").unwrap(), r);
         }
         let bytes = record(Phase::Prefill).encode();
@@ -408,6 +440,27 @@ mod tests {
             (r.cycle, r.mode, r.chunk, r.phase, r.wall_ms, r.output_hash),
             (1, Mode::Fused, 3, Phase::Prefill, 42.5, 0)
         );
+    }
+
+    #[test]
+    fn version_two_records_read_without_per_node_isolation() {
+        // a version-2 record: the version-3 header without the per-node count
+        let r = record(Phase::Decode);
+        let v3 = r.encode();
+        let mut v2 = v3[..V2_HEADER_BYTES].to_vec();
+        v2[4..8].copy_from_slice(&2u32.to_le_bytes());
+        v2.extend_from_slice(&v3[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + 12]);
+        let old = ChunkRecord::decode(&v2, "v2.bin").unwrap();
+        assert_eq!(old.node_us, r.node_us);
+        assert_eq!(old.isolation_us, 0.75);
+        assert!(old.isolation_node_us.is_empty());
+        // a per-node count that is neither 0 nor the node count is refused
+        let mut bad = v3.clone();
+        bad[52..56].copy_from_slice(&2u32.to_le_bytes());
+        let e = ChunkRecord::decode(&bad, "bad.bin")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("2 per-node isolation costs for 3 nodes"), "{e}");
     }
 
     #[test]

@@ -177,10 +177,17 @@ pub fn run_sweep(
                     .into());
                 }
                 // a TIMED decode unit's isolation cost, measured now, to be removed from it
-                let isolation_us = if mode == Mode::Timed && phase == Phase::Decode {
-                    engine.isolation_cost_us()?.unwrap_or(0.0)
-                } else {
-                    0.0
+                // (node by node where the engine calibrates each node of the decode graph)
+                let (isolation_us, isolation_node_us) = match (mode, phase) {
+                    (Mode::Timed, Phase::Decode) => match engine.calibrate_sweep_decode()? {
+                        Some(c) if c.each_node_us.len() == t.node_us.len() => (
+                            c.per_node_us,
+                            c.each_node_us.iter().map(|&v| v as f32).collect(),
+                        ),
+                        Some(c) => (c.per_node_us, Vec::new()),
+                        None => (0.0, Vec::new()),
+                    },
+                    _ => (0.0, Vec::new()),
                 };
                 store.store(&ChunkRecord {
                     cycle,
@@ -190,6 +197,7 @@ pub fn run_sweep(
                     wall_ms: t.wall_ms,
                     output_hash: t.output_hash,
                     isolation_us,
+                    isolation_node_us,
                     node_us: t.node_us.iter().map(|&v| v as f32).collect(),
                 })?;
                 spent_ms[m] += t_unit.elapsed().as_secs_f64() * 1e3;

@@ -290,32 +290,45 @@ fn cycle_values(
     timed: &ChunkRecord,
     tokens: f64,
     steps: f64,
+    decode: bool,
 ) -> CycleValues {
     let nb = index.bands.len();
     let mut band_us = vec![0f64; nb + 1];
     let mut kind_us = vec![0f64; index.kinds.len()];
-    let iso = timed.isolation_us * steps;
-    let mut raw_sum = 0f64;
+    let wall = fused.wall_ms;
+    let node_us: Vec<f64> = timed.node_us.iter().map(|&v| v as f64).collect();
+    let raw_sum: f64 = node_us.iter().sum();
+    // decode: every working node paid the isolation once a step, node by node where the engine
+    // calibrated each node; the remainder the calibration missed comes equally from every
+    // working node (crate::isolation); idle nodes hold nothing but isolation. A prefill chunk
+    // is apportioned as it was measured.
+    let (times, calibrated_sum) = if decode {
+        let iso = timed.isolation_us * steps;
+        let each = timed.isolation_node_us.len() == node_us.len();
+        let r = crate::isolation::remove_isolation(
+            &node_us,
+            &index.working,
+            &|i| {
+                if each {
+                    timed.isolation_node_us[i] as f64 * steps
+                } else {
+                    iso
+                }
+            },
+            wall * 1e3,
+        );
+        (r.times_us, r.calibrated_sum_us)
+    } else {
+        (node_us, raw_sum)
+    };
     let mut corrected_sum = 0f64;
-    for (i, &v) in timed.node_us.iter().enumerate() {
-        let v = v as f64;
-        raw_sum += v;
-        // decode: every working node paid the isolation once a step; idle nodes are nothing
-        // but it
-        let c = if index.working[i] {
-            (v - iso).max(0.0)
-        } else if iso > 0.0 {
-            0.0
-        } else {
-            v
-        };
+    for (i, &c) in times.iter().enumerate() {
         corrected_sum += c;
         band_us[index.band[i] as usize] += c;
         if let Some(k) = kind_us.get_mut(index.kind[i] as usize) {
             *k += c;
         }
     }
-    let wall = fused.wall_ms;
     let per_token = |us: f64| {
         if corrected_sum > 0.0 {
             us / corrected_sum * wall / tokens
@@ -327,7 +340,7 @@ fn cycle_values(
         fused_ms: wall,
         timed_sum_ms: raw_sum / 1e3,
         agreement: raw_sum / 1e3 / wall - 1.0,
-        agreement_corrected: corrected_sum / 1e3 / wall - 1.0,
+        agreement_corrected: calibrated_sum / 1e3 / wall - 1.0,
         coverage: if corrected_sum > 0.0 {
             1.0 - band_us[nb] / corrected_sum
         } else {
@@ -395,10 +408,14 @@ fn collect_phase(
             if f.output_hash != 0 && t.output_hash != 0 && f.output_hash != t.output_hash {
                 mismatched += 1;
             }
-            by_depth
-                .entry(key.0)
-                .or_default()
-                .push(cycle_values(index, f, t, tokens, steps));
+            by_depth.entry(key.0).or_default().push(cycle_values(
+                index,
+                f,
+                t,
+                tokens,
+                steps,
+                phase == Phase::Decode,
+            ));
         }
     }
     Ok((by_depth, counts, mismatched))

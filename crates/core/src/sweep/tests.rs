@@ -20,6 +20,11 @@ struct DepthMock {
     noise: f64,
     cycle: u32,
     iso_us: f64,
+    /// Isolation node by node (attention, MoE), calibrated by the engine; replaces `iso_us`.
+    iso_each: Option<[f64; 2]>,
+    /// What the engine's calibration reports where it is not `iso_us` (a calibration that
+    /// misses part of the isolation).
+    iso_reported: Option<f64>,
     fail_at: Option<(Mode, u32, Phase)>,
     /// TIMED returns another output hash at this chunk.
     diverge_at: Option<u32>,
@@ -82,6 +87,20 @@ impl Engine for DepthMock {
     fn isolation_cost_us(&mut self) -> Result<Option<f64>, EngineError> {
         Ok(Some(self.iso_us))
     }
+    fn calibrate_sweep_decode(
+        &mut self,
+    ) -> Result<Option<crate::engine::IsolationCalibration>, EngineError> {
+        Ok(Some(match self.iso_each {
+            Some(each) => crate::engine::IsolationCalibration {
+                per_node_us: (each[0] + each[1]) / 2.0,
+                each_node_us: each.to_vec(),
+            },
+            None => crate::engine::IsolationCalibration {
+                per_node_us: self.iso_reported.unwrap_or(self.iso_us),
+                each_node_us: Vec::new(),
+            },
+        }))
+    }
     fn start_pass(&mut self, mode: Mode, first: u32) -> Result<(), EngineError> {
         if mode == Mode::Fused && first == 0 {
             self.cycle += 1;
@@ -136,7 +155,10 @@ impl Engine for DepthMock {
         };
         let mut t = self.timing(mode, attn, moe, 3);
         if mode == Mode::Timed {
-            t.node_us = vec![attn + iso, moe + iso];
+            t.node_us = match self.iso_each {
+                Some([a, m]) => vec![attn + a * steps as f64, moe + m * steps as f64],
+                None => vec![attn + iso, moe + iso],
+            };
         }
         Ok(t)
     }
@@ -441,6 +463,79 @@ fn decode_steps_follow_every_chunk_with_their_isolation_removed() {
 }
 
 #[test]
+fn a_node_by_node_decode_calibration_removes_each_node_s_own_isolation() {
+    // the attention node pays 40 µs a step to be isolated, the MoE node 4: the average (22)
+    // would leave the MoE band 18 µs a step too high and the attention band 18 too low
+    let (graph, rules, idx) = mock_graph();
+    let mut e = DepthMock::new(0.1, 3e-4, 4.3);
+    e.iso_each = Some([40.0, 4.0]);
+    let c = decode_cfg(5, 2);
+    let mut store = MemoryStore::default();
+    sweep(&mut e, &c, &mut store).unwrap();
+    let timed: Vec<&ChunkRecord> = store
+        .records
+        .iter()
+        .filter(|r| r.mode == Mode::Timed && r.phase == Phase::Decode)
+        .collect();
+    assert!(timed.iter().all(|r| r.isolation_node_us == [40.0, 4.0]));
+    let s = summarise_sweep_with_decode(
+        &c,
+        &rules,
+        &graph,
+        &idx,
+        Some((&graph, &idx)),
+        &store.records,
+        &store.passes,
+    )
+    .unwrap();
+    let d = s.decode.as_ref().unwrap();
+    assert!(
+        d.mean_abs_agreement_corrected < 1e-6,
+        "{}",
+        d.mean_abs_agreement_corrected
+    );
+    let moe = d.fits.iter().find(|f| f.band == "moe").unwrap();
+    assert!((moe.mean_ms_per_token - 4.3).abs() < 1e-6, "{moe:?}");
+    let att = d.fits.iter().find(|f| f.band == "attention").unwrap();
+    assert!((att.fit.b - 3e-4).abs() < 1e-9, "{att:?}");
+}
+
+#[test]
+fn what_the_decode_calibration_misses_does_not_make_flat_bands_grow() {
+    // every node pays 30 µs a step to be isolated, the calibration finds 20: the 10 left over
+    // a node and step, apportioned by share x wall, would go to the MoE in a share that grows
+    // with the wall as attention grows with depth; taken equally from every node it is gone
+    let (graph, rules, idx) = mock_graph();
+    let mut e = DepthMock::new(0.01, 3e-5, 0.05);
+    e.iso_us = 30.0;
+    e.iso_reported = Some(20.0);
+    let c = decode_cfg(9, 2);
+    let mut store = MemoryStore::default();
+    sweep(&mut e, &c, &mut store).unwrap();
+    let s = summarise_sweep_with_decode(
+        &c,
+        &rules,
+        &graph,
+        &idx,
+        Some((&graph, &idx)),
+        &store.records,
+        &store.passes,
+    )
+    .unwrap();
+    let d = s.decode.as_ref().unwrap();
+    // the calibrated agreement shows what was missed: 2 nodes x 10 µs x 4 steps over the wall
+    assert!(d.mean_abs_agreement_corrected > 0.01);
+    // (node times are stored as f32: 1e-8 ms)
+    let moe = d.fits.iter().find(|f| f.band == "moe").unwrap();
+    assert!(
+        moe.flat && moe.fit.b.abs() < 1e-12 && (moe.mean_ms_per_token - 0.05).abs() < 1e-8,
+        "{moe:?}"
+    );
+    let att = d.fits.iter().find(|f| f.band == "attention").unwrap();
+    assert!((att.fit.b - 3e-5).abs() < 1e-12, "{att:?}");
+}
+
+#[test]
 fn a_sweep_killed_between_a_chunk_and_its_decode_steps_resumes_at_the_steps() {
     let c = decode_cfg(5, 1);
     let mut store = MemoryStore::default();
@@ -573,6 +668,7 @@ fn a_gap_in_stored_chunks_is_refused() {
                 wall_ms: 1.0,
                 output_hash: 1,
                 isolation_us: 0.0,
+                isolation_node_us: Vec::new(),
                 node_us: vec![],
             })
             .unwrap();
