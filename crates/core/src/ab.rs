@@ -651,6 +651,96 @@ pub fn share_of_gain(ratio_b: f64, ratio_reverted: f64) -> Option<f64> {
     (ratio_b < 1.0).then(|| (ratio_reverted - ratio_b) / (1.0 - ratio_b))
 }
 
+/// Version of `discover.json`.
+pub const DISCOVER_SCHEMA_VERSION: u32 = 1;
+
+/// One candidate of a `discover` search: its knobs against the baseline on the first scenario.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    pub knobs: Knobs,
+    pub ratio: f64,
+    pub ratio_lo: f64,
+    pub ratio_hi: f64,
+    pub correct: bool,
+}
+
+/// A `discover` search: the `discover.json` of its run folder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiscoverReport {
+    /// Absent in files written before it was recorded.
+    #[serde(default = "discover_schema_v1")]
+    pub schema_version: u32,
+    pub baseline: Knobs,
+    /// Fastest first.
+    pub candidates: Vec<Candidate>,
+    /// The winner's confirmation: a full A/B against the baseline with ablations and control.
+    pub confirmation: Option<AbReport>,
+}
+
+fn discover_schema_v1() -> u32 {
+    1
+}
+
+impl DiscoverReport {
+    /// The outcome of the search: that of the winner's confirmation (a refused or inconclusive
+    /// confirmation is not a discovery), or `None` when no candidate was faster and correct.
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.confirmation.as_ref().map(|c| c.verdict)
+    }
+}
+
+/// A `--knobs` grid specification could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GridError {
+    #[error("'{0}' is not knob=value,value")]
+    NotAKnob(String),
+    #[error("{0} has no values")]
+    NoValues(String),
+    #[error(transparent)]
+    Knob(#[from] KnobError),
+    #[error("the grid has more than {0} candidates; narrow it or raise --max-candidates")]
+    TooLarge(usize),
+}
+
+/// Every combination of a grid specification, knobs separated by `;` and values by `,`:
+/// `threads=1,2;flash_attn=on,off` is four candidates. More than `max` is refused.
+pub fn grid(spec: &str, max: usize) -> Result<Vec<Knobs>, GridError> {
+    let mut axes: Vec<(String, Vec<String>)> = Vec::new();
+    for part in spec.split(';').filter(|p| !p.trim().is_empty()) {
+        let (k, vs) = part
+            .split_once('=')
+            .ok_or_else(|| GridError::NotAKnob(part.to_string()))?;
+        let values: Vec<String> = vs
+            .split(',')
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+            .collect();
+        if values.is_empty() {
+            return Err(GridError::NoValues(k.trim().to_string()));
+        }
+        for v in &values {
+            format!("{}={v}", k.trim()).parse::<Knobs>()?;
+        }
+        axes.push((k.trim().to_lowercase(), values));
+    }
+    let mut out = vec![Knobs::default()];
+    for (k, values) in &axes {
+        let mut next = Vec::new();
+        for base in &out {
+            for v in values {
+                let mut c = base.clone();
+                c.0.insert(k.clone(), v.to_lowercase());
+                next.push(c);
+            }
+        }
+        out = next;
+        if out.len() > max {
+            return Err(GridError::TooLarge(max));
+        }
+    }
+    Ok(out)
+}
+
 impl Knobs {
     /// `self` without the knobs set to the value they have in `defaults` (a knob set to its
     /// default is no change).
@@ -682,6 +772,34 @@ mod tests {
             w.without_defaults(&d).to_string(),
             "flash_attn=off,ubatch=128"
         );
+    }
+
+    #[test]
+    fn a_grid_is_every_combination_and_refuses_what_it_cannot_read() {
+        let g = grid("threads=1,2; flash_attn=on,off", 64).unwrap();
+        let names: Vec<String> = g.iter().map(|k| k.to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "flash_attn=on,threads=1",
+                "flash_attn=off,threads=1",
+                "flash_attn=on,threads=2",
+                "flash_attn=off,threads=2"
+            ]
+        );
+        assert_eq!(
+            grid("threads=1,2;ubatch=128,256", 3),
+            Err(GridError::TooLarge(3))
+        );
+        assert_eq!(
+            grid("threads", 8),
+            Err(GridError::NotAKnob("threads".into()))
+        );
+        assert_eq!(
+            grid("threads=", 8),
+            Err(GridError::NoValues("threads".into()))
+        );
+        assert!(matches!(grid("speed=max", 8), Err(GridError::Knob(_))));
     }
 
     #[test]

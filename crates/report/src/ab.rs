@@ -1,7 +1,7 @@
 //! Renderers of an A/B comparison (`ab.json`): the terminal table of scenarios, the band ledger
 //! of where the difference lives and the ablations.
 
-use opledger_core::ab::{AbReport, Verdict};
+use opledger_core::ab::{AbReport, DiscoverReport, Verdict};
 use opledger_core::engine::Work;
 
 /// The words of a verdict.
@@ -232,4 +232,43 @@ fn share_text(share: Option<f64>) -> String {
     share
         .map(|s| format!(", carries {:.0} % of the gain", s * 100.0))
         .unwrap_or_default()
+}
+
+/// The terminal rendering of a `discover` search: the candidates fastest first, then the
+/// confirmation of the winner.
+pub fn discover_text(r: &DiscoverReport) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "candidates against the baseline ({}), fastest first:",
+        r.baseline
+    );
+    for c in &r.candidates {
+        let _ = writeln!(
+            out,
+            "  {:<48} B/A {:.3} [{:.3}–{:.3}]{}",
+            c.knobs.to_string(),
+            c.ratio,
+            c.ratio_lo,
+            c.ratio_hi,
+            if c.correct {
+                ""
+            } else {
+                "  refused: output changed"
+            }
+        );
+    }
+    match &r.confirmation {
+        Some(ab) => {
+            let _ = writeln!(out, "\nconfirmation of the winner:\n{}", ab_text(ab));
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "\nno candidate was faster than the baseline and correct"
+            );
+        }
+    }
+    out
 }

@@ -5,16 +5,16 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use opledger_core::ab::{
-    AbConfig, AbReport, Ablation, Knobs, Outcome, ScenarioResult, Tolerance, AB_SCHEMA_VERSION,
+    grid, AbConfig, AbReport, Ablation, Candidate, DiscoverReport, Knobs, Outcome, ScenarioResult,
+    Tolerance, AB_SCHEMA_VERSION, DISCOVER_SCHEMA_VERSION,
 };
 use opledger_core::engine::Work;
 use opledger_core::manifest::Manifest;
 use opledger_core::run_folder::RunFolder;
 pub use opledger_report::ab::ab_text;
-use serde::Serialize;
 
 use super::common::ModelArgs;
 use super::profile::{load_rules, manifest};
@@ -303,7 +303,7 @@ pub fn run_ab(args: AbArgs) -> Result<ExitCode> {
     #[cfg(not(feature = "llama"))]
     {
         let _ = (a, b, path, model, rules, cfg);
-        bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
+        anyhow::bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
     }
     #[cfg(feature = "llama")]
     {
@@ -326,64 +326,6 @@ pub fn run_ab(args: AbArgs) -> Result<ExitCode> {
         }
         Ok(ab_exit_code(&report))
     }
-}
-
-/// The grid of a `--knobs` specification.
-pub fn grid(spec: &str, max: usize) -> Result<Vec<Knobs>> {
-    let mut axes: Vec<(String, Vec<String>)> = Vec::new();
-    for part in spec.split(';').filter(|p| !p.trim().is_empty()) {
-        let (k, vs) = part
-            .split_once('=')
-            .with_context(|| format!("--knobs: '{part}' is not knob=value,value"))?;
-        let values: Vec<String> = vs
-            .split(',')
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
-            .collect();
-        if values.is_empty() {
-            bail!("--knobs: {k} has no values");
-        }
-        for v in &values {
-            format!("{}={v}", k.trim())
-                .parse::<Knobs>()
-                .context("--knobs")?;
-        }
-        axes.push((k.trim().to_lowercase(), values));
-    }
-    let mut out = vec![Knobs::default()];
-    for (k, values) in &axes {
-        let mut next = Vec::new();
-        for base in &out {
-            for v in values {
-                let mut c = base.clone();
-                c.0.insert(k.clone(), v.to_lowercase());
-                next.push(c);
-            }
-        }
-        out = next;
-        if out.len() > max {
-            bail!("--knobs: the grid has more than {max} candidates; narrow it or raise --max-candidates");
-        }
-    }
-    Ok(out)
-}
-
-/// One candidate of the search.
-#[derive(Debug, Clone, Serialize)]
-pub struct Candidate {
-    pub knobs: Knobs,
-    pub ratio: f64,
-    pub ratio_lo: f64,
-    pub ratio_hi: f64,
-    pub correct: bool,
-}
-
-#[derive(Debug, Serialize)]
-pub struct DiscoverReport {
-    pub baseline: Knobs,
-    pub candidates: Vec<Candidate>,
-    /// The winner's confirmation: a full A/B against the baseline with ablations and control.
-    pub confirmation: Option<AbReport>,
 }
 
 /// What llama.cpp runs with when a knob is not set: this run's threads, flash attention as asked
@@ -418,7 +360,8 @@ pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
     let candidates = grid(
         &args.knobs,
         usize::try_from(args.max_candidates).unwrap_or(usize::MAX),
-    )?;
+    )
+    .context("--knobs")?;
     for c in &candidates {
         check_knob_threads("--knobs", c)?;
     }
@@ -426,7 +369,7 @@ pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
     #[cfg(not(feature = "llama"))]
     {
         let _ = (candidates, scenarios, path, model, rules);
-        bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
+        anyhow::bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
     }
     #[cfg(feature = "llama")]
     {
@@ -488,11 +431,12 @@ pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
             None => None,
         };
         let report = DiscoverReport {
+            schema_version: DISCOVER_SCHEMA_VERSION,
             baseline,
             candidates: found,
             confirmation,
         };
-        let text = discover_text(&report);
+        let text = opledger_report::ab::discover_text(&report);
         folder.write_json(
             "manifest.json",
             &manifest_for("discover", &file, &path, &rules, model.threads())?,
@@ -513,41 +457,4 @@ pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
             .map(ab_exit_code)
             .unwrap_or(ExitCode::SUCCESS))
     }
-}
-
-fn discover_text(r: &DiscoverReport) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "candidates against the baseline ({}), fastest first:",
-        r.baseline
-    );
-    for c in &r.candidates {
-        let _ = writeln!(
-            out,
-            "  {:<48} B/A {:.3} [{:.3}–{:.3}]{}",
-            c.knobs.to_string(),
-            c.ratio,
-            c.ratio_lo,
-            c.ratio_hi,
-            if c.correct {
-                ""
-            } else {
-                "  refused: output changed"
-            }
-        );
-    }
-    match &r.confirmation {
-        Some(ab) => {
-            let _ = writeln!(out, "\nconfirmation of the winner:\n{}", ab_text(ab));
-        }
-        None => {
-            let _ = writeln!(
-                out,
-                "\nno candidate was faster than the baseline and correct"
-            );
-        }
-    }
-    out
 }
