@@ -114,12 +114,12 @@ fn bad_flag_values_are_refused_with_exit_2_and_leave_no_folder() {
 fn a_band_file_for_another_architecture_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
-    let bands = dir.path().join("llama-bands.toml");
+    let bands = dir.path().join("grok-bands.toml");
     std::fs::write(
         &bands,
         opledger_core::band::BUILTIN_RULES
             .iter()
-            .find(|(f, _)| *f == "llama.toml")
+            .find(|(f, _)| *f == "grok.toml")
             .unwrap()
             .1,
     )
@@ -133,7 +133,7 @@ fn a_band_file_for_another_architecture_is_refused() {
         .assert()
         .code(2)
         .stderr(
-            predicate::str::contains("llama-bands.toml")
+            predicate::str::contains("grok-bands.toml")
                 .and(predicate::str::contains("'qwen35moe'")),
         );
     assert!(!dir.path().join("out").exists());
