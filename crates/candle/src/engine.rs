@@ -3,11 +3,12 @@
 //! instrument counting (FUSED-observed) or timing every op alone (TIMED).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use opledger_core::engine::{ChunkTiming, Engine, EngineError, EngineInfo, Mode, Work};
+use opledger_core::engine::{
+    Capability, ChunkTiming, Engine, EngineError, EngineInfo, Mode, ReplayEngine, Work,
+};
 use opledger_core::node::NodeInfo;
 use opledger_core::tokens::{decode_step_tokens, filler_tokens, hash_f32};
 use opledger_gguf::GgufFile;
@@ -24,7 +25,8 @@ pub const CANDLE_CORE_VERSION: &str = "0.11.1";
 /// How to set up the candle engine.
 #[derive(Debug, Clone)]
 pub struct CandleConfig {
-    pub model_path: PathBuf,
+    /// The model, its structure checked by opledger's GGUF reader.
+    pub model: opledger_gguf::WellFormed,
     /// Threads of candle's CPU kernels. candle sizes its thread pools once per process, from
     /// `CANDLE_NUM_THREADS` / `RAYON_NUM_THREADS`: the first engine loaded sets them.
     pub threads: u32,
@@ -80,7 +82,7 @@ impl CandleEngine {
     pub fn load(cfg: CandleConfig) -> Result<CandleEngine, CandleError> {
         let t0 = Instant::now();
         let threads = set_threads(cfg.threads)?;
-        let file = GgufFile::open(&cfg.model_path)?;
+        let file = GgufFile::open(cfg.model.path())?;
         let hp = Hparams::from_gguf(&file)?;
         let w = Weights::load(&file, &hp)?;
         Ok(CandleEngine {
@@ -216,7 +218,7 @@ impl Engine for CandleEngine {
         settings.insert("weight_bytes".into(), self.model.w.weight_bytes.to_string());
         settings.insert(
             "model_path".into(),
-            self.cfg.model_path.display().to_string(),
+            self.cfg.model.path().display().to_string(),
         );
         if let Some(p) = &self.prepared {
             settings.insert("n_ctx".into(), p.cache.capacity.to_string());
@@ -306,29 +308,6 @@ impl Engine for CandleEngine {
         Ok(inst.captured)
     }
 
-    fn replay(
-        &mut self,
-        _cut: &[bool],
-        replay: &[bool],
-        k: u32,
-    ) -> Result<ChunkTiming, EngineError> {
-        if self.prepared.as_ref().is_some_and(|p| p.work.is_decode()) {
-            return Err(EngineError::Unsupported {
-                what: "replay of decode runs".into(),
-                why: "replay measures one prefill chunk".into(),
-            });
-        }
-        // candle runs eagerly: there is no graph to cut, only ops to run again
-        let mut inst = Instrument::replay(replay.to_vec(), k);
-        let (wall_ms, output_hash) = self.run_with(&mut inst)?;
-        Ok(ChunkTiming {
-            wall_ms,
-            node_us: Vec::new(),
-            nodes_seen: inst.nodes_seen,
-            output_hash,
-        })
-    }
-
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
         match mode {
             Mode::Fused => {
@@ -388,6 +367,39 @@ impl Engine for CandleEngine {
                 })
             }
         }
+    }
+
+    fn supports(&self, c: Capability) -> bool {
+        matches!(c, Capability::Decode | Capability::Replay)
+    }
+
+    fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
+        Some(self)
+    }
+}
+
+impl ReplayEngine for CandleEngine {
+    fn replay(
+        &mut self,
+        _cut: &[bool],
+        replay: &[bool],
+        k: u32,
+    ) -> Result<ChunkTiming, EngineError> {
+        if self.prepared.as_ref().is_some_and(|p| p.work.is_decode()) {
+            return Err(EngineError::Unsupported {
+                what: "replay of decode runs".into(),
+                why: "replay measures one prefill chunk".into(),
+            });
+        }
+        // candle runs eagerly: there is no graph to cut, only ops to run again
+        let mut inst = Instrument::replay(replay.to_vec(), k);
+        let (wall_ms, output_hash) = self.run_with(&mut inst)?;
+        Ok(ChunkTiming {
+            wall_ms,
+            node_us: Vec::new(),
+            nodes_seen: inst.nodes_seen,
+            output_hash,
+        })
     }
 }
 

@@ -1,8 +1,8 @@
-//! The wiring of the `opledger` binary: one module per subcommand (arguments, conversion to a
-//! configuration, calls into the core, engine and report crates), the model-file gate and the
-//! progress bars. Exposed as a library so the integration tests can drive the same wiring.
+//! The wiring of the `opledger` binary: one module per subcommand (arguments, validated into a
+//! request for the application layer `opledger_app`, its typed result rendered and written), the
+//! progress bars and the exit codes. Exposed as a library so the integration tests can drive the
+//! same wiring.
 
 pub mod cmd;
 pub mod exit;
-pub mod model_file;
 pub mod progress;

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use opledger::model_file::ModelFile;
+use opledger_app::model::ModelFile;
 use opledger_candle::{CandleConfig, CandleEngine};
 use opledger_core::arch::ArchInfo;
 use opledger_core::band::{Assignment, BandRules, UNASSIGNED};
@@ -63,7 +63,7 @@ fn synth_f32(dir: &Path, preset: &str) -> PathBuf {
 
 fn candle(path: &Path) -> CandleEngine {
     CandleEngine::load(CandleConfig {
-        model_path: path.to_path_buf(),
+        model: opledger_gguf::WellFormed::of(&opledger_gguf::GgufFile::open(path).unwrap()),
         threads: 2,
     })
     .unwrap()
@@ -92,7 +92,7 @@ fn llama_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
     let model = Arc::new(
         Model::load(
             &backend,
-            path,
+            &opledger_gguf::LlamaLoadable::open(path).unwrap(),
             &ModelParams {
                 gpu_layers: 0,
                 no_repack: false,
@@ -553,8 +553,11 @@ fn candle_decode_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
 }
 
 fn llama_decode_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
-    let mut e =
-        opledger_llama::LlamaEngine::load(opledger_llama::LlamaConfig::new(path, 2)).unwrap();
+    let mut e = opledger_llama::LlamaEngine::load(opledger_llama::LlamaConfig::new(
+        opledger_gguf::LlamaLoadable::open(path).unwrap(),
+        2,
+    ))
+    .unwrap();
     decode_logits(&mut e, w)
 }
 

@@ -4,17 +4,17 @@
 
 use std::path::{Path, PathBuf};
 
-use opledger::model_file::ModelFile;
+use opledger_app::model::ModelFile;
 use opledger_core::band::{BandRules, Categoriser};
 use opledger_core::census::{census, Census};
-use opledger_core::engine::{Engine, Work};
+use opledger_core::engine::{Engine, GraphCapturer, Work};
 use opledger_gguf::synth::TINY_QWEN35MOE;
 use opledger_gguf::{synthesize, synthesize_preset, Preset, SynthOptions};
 use opledger_llama::{FlashAttn, LlamaConfig, LlamaEngine};
 
 fn engine(path: &Path, flash_attn: FlashAttn, no_repack: bool) -> LlamaEngine {
     LlamaEngine::load(LlamaConfig {
-        model_path: path.to_path_buf(),
+        model: opledger_gguf::LlamaLoadable::open(path).unwrap(),
         threads: 2,
         flash_attn,
         gpu_layers: 0,

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use opledger::model_file::ModelFile;
+use opledger_app::model::ModelFile;
 use opledger_core::arch::{ArchInfo, LayerKind};
 use opledger_core::band::{BandRules, UNASSIGNED};
 use opledger_core::engine::{Engine, Work};
@@ -21,7 +21,7 @@ fn synth(dir: &Path, preset: &str, fused_gate_up: bool) -> PathBuf {
 
 fn engine(path: &Path) -> LlamaEngine {
     LlamaEngine::load(LlamaConfig {
-        model_path: path.to_path_buf(),
+        model: opledger_gguf::LlamaLoadable::open(path).unwrap(),
         threads: 2,
         flash_attn: FlashAttn::Auto,
         gpu_layers: 0,

@@ -3,7 +3,7 @@
 //! not; every distinct op of the graph can be rebuilt and timed alone; `ops -n N --parallel P`
 //! times the ops of one decode step, where first-k reads fewer expert bytes than a real step.
 
-use opledger_core::engine::{Engine, Work};
+use opledger_core::engine::{Engine, OpTimeRequest, OpTimer, Work};
 use opledger_core::ops::{distinct_experts, first_k_ids, uniform_ids};
 use opledger_gguf::{synthesize, SynthOptions};
 use opledger_llama::{LlamaConfig, LlamaEngine};
@@ -14,7 +14,11 @@ fn captured_routing_touches_nearly_every_expert_and_every_op_times_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.gguf");
     synthesize(&SynthOptions::new("tiny-qwen35moe"), &path, &mut |_, _| {}).unwrap();
-    let mut e = LlamaEngine::load(LlamaConfig::new(&path, 2)).unwrap();
+    let mut e = LlamaEngine::load(LlamaConfig::new(
+        opledger_gguf::LlamaLoadable::open(&path).unwrap(),
+        2,
+    ))
+    .unwrap();
     e.prepare(&Work::prefill(512, 0)).unwrap();
     let graph = e.graph().unwrap();
     let captured = e.capture_routing().unwrap();
@@ -47,7 +51,15 @@ fn captured_routing_touches_nearly_every_expert_and_every_op_times_alone() {
             .find(|(i, _)| *i == node.index)
             .map(|(_, v)| v.as_slice());
         let t = e
-            .time_node(node, ids, 1, 1 << 20)
+            .time_node(
+                node,
+                &OpTimeRequest {
+                    routing: ids,
+                    reps: 1,
+                    rotate_bytes: 1 << 20,
+                    flush_bytes: 0,
+                },
+            )
             .unwrap_or_else(|err| panic!("node {} {} {}: {err}", node.index, node.op, node.name));
         assert!(t.median_us >= 0.0);
     }

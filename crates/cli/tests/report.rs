@@ -181,3 +181,205 @@ fn an_ab_whose_control_moved_is_inconclusive_in_every_format_and_exits_5() {
     );
     assert!(render("text").contains("verdict: inconclusive"));
 }
+
+/// The renderings each kind of run's command writes, by `report` format: (format, file).
+fn written(kind: &str) -> &'static [(&'static str, &'static str)] {
+    match kind {
+        "profile" => &[
+            ("text", "table.txt"),
+            ("md", "summary.md"),
+            ("bands", "bands.csv"),
+            ("json", "summary.json"),
+            ("nodes", "nodes.csv"),
+        ],
+        "parallel" => &[
+            ("text", "parallel.txt"),
+            ("csv", "parallel.csv"),
+            ("json", "parallel.json"),
+        ],
+        "sweep" => &[
+            ("text", "table.txt"),
+            ("bands", "depths.csv"),
+            ("json", "summary.json"),
+            ("svg", "chart.svg"),
+        ],
+        "waste" => &[
+            ("text", "table.txt"),
+            ("md", "summary.md"),
+            ("json", "summary.json"),
+            ("nodes", "nodes.csv"),
+        ],
+        "ops" => &[("text", "table.txt"), ("json", "ops.json")],
+        "ledger" => &[
+            ("text", "table.txt"),
+            ("md", "ledger.md"),
+            ("csv", "ledger.csv"),
+            ("json", "ledger.json"),
+        ],
+        "ab" => &[("text", "table.txt"), ("json", "ab.json")],
+        "discover" => &[("text", "table.txt"), ("json", "discover.json")],
+        other => panic!("no such kind {other}"),
+    }
+}
+
+/// Every kind of run a command writes, measured for real on a tiny model (the mock engine where
+/// it offers what the command needs; llama.cpp for the runtime knobs of `ab` and `discover` and
+/// for `ops`, whose expert matmuls need the shapes of real routing ids):
+/// `report` re-renders each file the command wrote byte for byte from the raw data alone, and
+/// a format the kind lacks is refused naming what it has.
+#[test]
+fn every_kind_of_run_a_command_writes_is_re_rendered_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    opledger()
+        .args(["synth", "--preset", "tiny-qwen35moe", "-q", "-o"])
+        .arg(&model)
+        .assert()
+        .success();
+    let quick = ["--no-noise-gate", "-q"];
+    let runs: Vec<(&str, Vec<&str>)> = vec![
+        (
+            "profile",
+            vec!["profile", "--engine", "mock", "-p", "16", "-r", "2"],
+        ),
+        (
+            "parallel",
+            vec![
+                "profile",
+                "--engine",
+                "mock",
+                "-p",
+                "16",
+                "-n",
+                "2",
+                "--parallel",
+                "1,2",
+                "-r",
+                "2",
+            ],
+        ),
+        (
+            "sweep",
+            vec![
+                "sweep",
+                "--engine",
+                "mock",
+                "-p",
+                "16",
+                "--max-depth",
+                "32",
+                "-r",
+                "1",
+                "-n",
+                "2",
+            ],
+        ),
+        (
+            "waste",
+            vec!["waste", "--engine", "mock", "-p", "16", "-r", "1"],
+        ),
+        (
+            "ops",
+            vec!["ops", "-p", "16", "-r", "1", "--reps", "1", "-t", "2"],
+        ),
+        (
+            "ledger",
+            vec![
+                "ledger",
+                "--engines",
+                "mock,llama.cpp",
+                "-p",
+                "16",
+                "-r",
+                "1",
+                "--replay-cycles",
+                "1",
+            ],
+        ),
+        (
+            "ab",
+            vec![
+                "ab",
+                "-p",
+                "8",
+                "-r",
+                "4",
+                "-t",
+                "2",
+                "--a",
+                "threads=2",
+                "--b",
+                "threads=1",
+            ],
+        ),
+        (
+            "discover",
+            vec![
+                "discover",
+                "-p",
+                "8",
+                "-r",
+                "4",
+                "-t",
+                "2",
+                "--knobs",
+                "threads=1",
+                "--search-pairs",
+                "2",
+            ],
+        ),
+    ];
+    for (kind, args) in runs {
+        let out = dir.path().join(kind);
+        let status = opledger()
+            .args(&args)
+            .args(
+                if matches!(kind, "profile" | "parallel" | "ab" | "discover") {
+                    &quick[..]
+                } else {
+                    &quick[1..]
+                },
+            )
+            .arg("-m")
+            .arg(&model)
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            out.join("manifest.json").exists() || out.join("parallel.json").exists(),
+            "{kind}: no run folder; {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+        for (format, file) in written(kind) {
+            let stored =
+                std::fs::read(out.join(file)).unwrap_or_else(|e| panic!("{kind}: {file}: {e}"));
+            let rendered = opledger()
+                .args(["report", "--format", format])
+                .arg(&out)
+                .output()
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&rendered.stdout),
+                String::from_utf8_lossy(&stored),
+                "{kind}: report --format {format} differs from the {file} its command wrote; {}",
+                String::from_utf8_lossy(&rendered.stderr)
+            );
+            // report exits as the command did
+            assert_eq!(
+                rendered.status.code(),
+                status.status.code(),
+                "{kind} {format}: exit codes differ"
+            );
+        }
+    }
+    // a kind without an HTML page says what it has
+    opledger()
+        .args(["report", "--format", "html"])
+        .arg(dir.path().join("ops"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "an ops run has no html rendering (it has: text, json)",
+        ));
+}

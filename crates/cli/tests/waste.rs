@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
-use opledger::model_file::ModelFile;
+use opledger_app::model::ModelFile;
 use opledger_core::band::BandRules;
 use opledger_core::engine::Work;
 use opledger_core::profile::{measure, ProfileConfig};
@@ -33,7 +33,11 @@ fn analyse(
 ) {
     let file = ModelFile::open(path).unwrap();
     let rules = BandRules::builtin(&file.arch.arch).unwrap();
-    let mut engine = LlamaEngine::load(LlamaConfig::new(path, 2)).unwrap();
+    let mut engine = LlamaEngine::load(LlamaConfig::new(
+        opledger_gguf::LlamaLoadable::open(path).unwrap(),
+        2,
+    ))
+    .unwrap();
     let cfg = ProfileConfig {
         work: Work {
             all_logits,

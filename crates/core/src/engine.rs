@@ -127,6 +127,12 @@ pub enum EngineError {
     GraphChanged(String),
     #[error("{what} is not supported by this engine: {why}")]
     Unsupported { what: String, why: String },
+    /// A command asked an engine for a capability it lacks.
+    #[error("the {engine} engine does not offer {capability}")]
+    Lacks {
+        engine: String,
+        capability: &'static str,
+    },
     /// The check "outputs finite": a run returned NaN or infinite logits. Timing NaN arithmetic
     /// is not timing the model, so the measurement stops at the first such run.
     #[error("outputs finite: {what} returned {non_finite} non-finite logits (NaN or infinite) of {values}; the model computes NaN or infinity, and timing that would not time the model")]
@@ -153,7 +159,41 @@ pub fn check_finite(what: &str, logits: &[f32]) -> Result<(), EngineError> {
     }
 }
 
-/// An inference engine that can decode a chunk at a depth and report its nodes.
+/// What a command may ask of an engine beyond profiling a prefill chunk. An engine that lacks
+/// one is refused by name, in one place ([`dyn Engine::sweep`] and its siblings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    /// Decode steps of one token per sequence ([`Work::decode_tokens`]).
+    Decode,
+    /// The logits of a run (the A/B correctness gate).
+    Logits,
+    /// Cumulative depth sweeps ([`SweepEngine`]).
+    Sweep,
+    /// In-graph replay ([`ReplayEngine`]).
+    Replay,
+    /// Timing one node of the graph alone ([`OpTimer`]).
+    OpTiming,
+    /// Describing the graph without running the model ([`GraphCapturer`]).
+    GraphCapture,
+}
+
+impl Capability {
+    pub fn name(self) -> &'static str {
+        match self {
+            Capability::Decode => "decode",
+            Capability::Logits => "reading logits",
+            Capability::Sweep => "depth sweeps",
+            Capability::Replay => "in-graph replay",
+            Capability::OpTiming => "timing ops alone",
+            Capability::GraphCapture => "capturing the graph without running it",
+        }
+    }
+}
+
+/// An inference engine that can decode a chunk at a depth and report its nodes. What more it
+/// can do it offers through the capability traits ([`SweepEngine`], [`ReplayEngine`],
+/// [`OpTimer`], [`GraphCapturer`]), reached with `as_*`; commands ask for them through
+/// [`dyn Engine::sweep`] and its siblings, which refuse an engine that lacks one by name.
 pub trait Engine {
     fn info(&self) -> EngineInfo;
 
@@ -176,57 +216,22 @@ pub trait Engine {
     /// Restores the prepared state and runs the chunk once in `mode`.
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError>;
 
+    /// Whether the engine has `c` (the capability traits are offered by `as_*` as well).
+    fn supports(&self, c: Capability) -> bool {
+        let _ = c;
+        false
+    }
+
     /// The logits of the last run's requested outputs: the last token of a prefill chunk, one
-    /// row per sequence of a decode run's last step.
+    /// row per sequence of a decode run's last step ([`Capability::Logits`]).
     ///
-    /// Every run ([`Engine::run`], [`Engine::replay`], [`Engine::pass_chunk`]) applies
-    /// [`check_finite`] to the logits it hashes and fails with
+    /// Every run ([`Engine::run`], [`ReplayEngine::replay`], [`SweepEngine::pass_chunk`])
+    /// applies [`check_finite`] to the logits it hashes and fails with
     /// [`EngineError::NonFiniteOutputs`] when one is NaN or infinite.
     fn logits(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
         Err(EngineError::Unsupported {
             what: "reading logits".into(),
             why: "this engine does not expose them".into(),
-        })
-    }
-
-    /// In-graph replay: runs the prepared chunk at native speed except that the graph is cut at
-    /// every node where `cut[i]`, and node `i` is dispatched `k` extra times into scratch
-    /// outputs where `replay[i]`; outputs must stay bit-identical (`output_hash`).
-    fn replay(
-        &mut self,
-        cut: &[bool],
-        replay: &[bool],
-        k: u32,
-    ) -> Result<ChunkTiming, EngineError> {
-        let _ = (cut, replay, k);
-        Err(EngineError::Unsupported {
-            what: "in-graph replay".into(),
-            why: "this engine cannot dispatch a node again".into(),
-        })
-    }
-
-    /// Graph launches (each a dispatch of a graph and its synchronisation) that `k` replays of
-    /// one node pay beyond the clones' own work, which a run without replays does not pay:
-    /// llama.cpp computes clones in rounds, one graph per round. 0 where a replay is the op's
-    /// own call again and dispatches nothing more (candle).
-    fn replay_rounds(&self, k: u32) -> u32 {
-        let _ = k;
-        0
-    }
-
-    /// Runs as [`Engine::replay`] with nothing cloned, except that every node where `replay[i]`
-    /// dispatches `rounds` rounds of one trivial clone through the same path as a replay's
-    /// rounds: what the rounds cost beyond the clones' work (see [`Engine::replay_rounds`]).
-    fn replay_launches(
-        &mut self,
-        cut: &[bool],
-        replay: &[bool],
-        rounds: u32,
-    ) -> Result<ChunkTiming, EngineError> {
-        let _ = (cut, replay, rounds);
-        Err(EngineError::Unsupported {
-            what: "replay launch rounds".into(),
-            why: "this engine's replays pay no launch of their own".into(),
         })
     }
 
@@ -241,6 +246,11 @@ pub trait Engine {
     /// GFLOP/s of the engine's own matmul kernel on a large F32 GEMM, and its shape.
     fn gemm_peak(&mut self) -> Result<Option<(f64, String)>, EngineError> {
         Ok(None)
+    }
+
+    /// Milliseconds loading the model took, where the engine measured it.
+    fn load_ms(&self) -> Option<f64> {
+        None
     }
 
     /// What isolating one node costs in TIMED mode, in µs per node, measured now on a
@@ -262,13 +272,76 @@ pub trait Engine {
             }))
     }
 
-    /// The isolation cost of the sweep's decode steps, measured now (after a TIMED decode
-    /// unit): per node and step on average, and where the engine can tell, for each node of the
-    /// graph [`Engine::sweep_decode_graph`] returned. By default [`Engine::calibrate_isolation`].
-    fn calibrate_sweep_decode(&mut self) -> Result<Option<IsolationCalibration>, EngineError> {
-        self.calibrate_isolation()
+    /// The engine as a [`SweepEngine`], if it is one.
+    fn as_sweep(&mut self) -> Option<&mut dyn SweepEngine> {
+        None
     }
 
+    /// The engine as a [`ReplayEngine`], if it is one.
+    fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
+        None
+    }
+
+    /// The engine as an [`OpTimer`], if it is one.
+    fn as_op_timer(&mut self) -> Option<&mut dyn OpTimer> {
+        None
+    }
+
+    /// The engine as a [`GraphCapturer`], if it is one.
+    fn as_graph_capturer(&mut self) -> Option<&mut dyn GraphCapturer> {
+        None
+    }
+}
+
+/// The refusal of an engine that lacks a capability, naming both.
+pub fn unsupported(engine: &str, c: Capability) -> EngineError {
+    EngineError::Lacks {
+        engine: engine.to_string(),
+        capability: c.name(),
+    }
+}
+
+impl<'a> dyn Engine + 'a {
+    /// Refuses the engine unless it has `c`.
+    pub fn require(&self, c: Capability) -> Result<(), EngineError> {
+        if self.supports(c) {
+            Ok(())
+        } else {
+            Err(unsupported(&self.info().engine, c))
+        }
+    }
+
+    /// The engine's depth sweeps, or its refusal by name.
+    pub fn sweep(&mut self) -> Result<&mut dyn SweepEngine, EngineError> {
+        let name = self.info().engine;
+        self.as_sweep()
+            .ok_or_else(|| unsupported(&name, Capability::Sweep))
+    }
+
+    /// The engine's in-graph replay, or its refusal by name.
+    pub fn replayer(&mut self) -> Result<&mut dyn ReplayEngine, EngineError> {
+        let name = self.info().engine;
+        self.as_replay()
+            .ok_or_else(|| unsupported(&name, Capability::Replay))
+    }
+
+    /// The engine's op timing, or its refusal by name.
+    pub fn op_timer(&mut self) -> Result<&mut dyn OpTimer, EngineError> {
+        let name = self.info().engine;
+        self.as_op_timer()
+            .ok_or_else(|| unsupported(&name, Capability::OpTiming))
+    }
+
+    /// The engine's graph capture, or its refusal by name.
+    pub fn graph_capturer(&mut self) -> Result<&mut dyn GraphCapturer, EngineError> {
+        let name = self.info().engine;
+        self.as_graph_capturer()
+            .ok_or_else(|| unsupported(&name, Capability::GraphCapture))
+    }
+}
+
+/// Cumulative depth sweeps: each mode keeps a context of its own, filled chunk by chunk.
+pub trait SweepEngine: Engine {
     /// Sets up a cumulative depth sweep of `chunks` chunks of `work.chunk_tokens` (chunk c is
     /// decoded at depth c x chunk), with room for `decode` = (steps, sequences) decode steps on
     /// forked sequences after every chunk. Afterwards [`Engine::graph`] describes chunk 0 at
@@ -278,35 +351,17 @@ pub trait Engine {
         work: &Work,
         chunks: u32,
         decode: Option<(u32, u32)>,
-    ) -> Result<(), EngineError> {
-        let _ = (work, chunks, decode);
-        Err(EngineError::Unsupported {
-            what: "depth sweeps".into(),
-            why: "this engine has no cumulative passes".into(),
-        })
-    }
+    ) -> Result<(), EngineError>;
 
     /// Starts a cumulative pass in `mode`: empties that mode's context, then decodes chunks
     /// `0..first_chunk` untimed (a resumed pass continues where the stored one stopped). Each
     /// mode has its own context, so the two passes of a sweep run in lockstep.
-    fn start_pass(&mut self, mode: Mode, first_chunk: u32) -> Result<(), EngineError> {
-        let _ = (mode, first_chunk);
-        Err(EngineError::Unsupported {
-            what: "depth sweeps".into(),
-            why: "this engine has no cumulative passes".into(),
-        })
-    }
+    fn start_pass(&mut self, mode: Mode, first_chunk: u32) -> Result<(), EngineError>;
 
     /// Decodes the pass's next chunk, `index`, at depth `index x chunk`, timed as in
     /// [`Engine::run`]. Chunks of one mode must come in order; the two modes keep their own
     /// contexts (a sweep runs them in lockstep).
-    fn pass_chunk(&mut self, mode: Mode, index: u32) -> Result<ChunkTiming, EngineError> {
-        let _ = (mode, index);
-        Err(EngineError::Unsupported {
-            what: "depth sweeps".into(),
-            why: "this engine has no cumulative passes".into(),
-        })
-    }
+    fn pass_chunk(&mut self, mode: Mode, index: u32) -> Result<ChunkTiming, EngineError>;
 
     /// Right after chunk `after_chunk` of the pass in `mode`: `steps` decode steps of one token
     /// for each of `parallel` sequences forked from the context, timed as one run (TIMED node
@@ -318,21 +373,108 @@ pub trait Engine {
         after_chunk: u32,
         steps: u32,
         parallel: u32,
-    ) -> Result<ChunkTiming, EngineError> {
-        let _ = (mode, after_chunk, steps, parallel);
-        Err(EngineError::Unsupported {
-            what: "decode steps in a depth sweep".into(),
-            why: "this engine cannot fork a sequence from its context".into(),
-        })
-    }
+    ) -> Result<ChunkTiming, EngineError>;
 
     /// The graph of one decode step of `parallel` sequences as a sweep's `pass_decode` runs it
-    /// (after [`Engine::prepare_sweep`]; leaves no state behind).
-    fn sweep_decode_graph(&mut self, parallel: u32) -> Result<Vec<NodeInfo>, EngineError> {
-        let _ = parallel;
+    /// (after [`SweepEngine::prepare_sweep`]; leaves no state behind).
+    fn sweep_decode_graph(&mut self, parallel: u32) -> Result<Vec<NodeInfo>, EngineError>;
+
+    /// The isolation cost of the sweep's decode steps, measured now (after a TIMED decode
+    /// unit): per node and step on average, and where the engine can tell, for each node of the
+    /// graph [`SweepEngine::sweep_decode_graph`] returned. By default
+    /// [`Engine::calibrate_isolation`].
+    fn calibrate_sweep_decode(&mut self) -> Result<Option<IsolationCalibration>, EngineError> {
+        self.calibrate_isolation()
+    }
+}
+
+/// In-graph replay: chosen nodes dispatched again in place, the outputs untouched.
+pub trait ReplayEngine: Engine {
+    /// Runs the prepared chunk at native speed except that the graph is cut at every node where
+    /// `cut[i]`, and node `i` is dispatched `k` extra times into scratch outputs where
+    /// `replay[i]`; outputs must stay bit-identical (`output_hash`).
+    fn replay(&mut self, cut: &[bool], replay: &[bool], k: u32)
+        -> Result<ChunkTiming, EngineError>;
+
+    /// Graph launches (each a dispatch of a graph and its synchronisation) that `k` replays of
+    /// one node pay beyond the clones' own work, which a run without replays does not pay:
+    /// llama.cpp computes clones in rounds, one graph per round. 0 where a replay is the op's
+    /// own call again and dispatches nothing more (candle).
+    fn replay_rounds(&self, k: u32) -> u32 {
+        let _ = k;
+        0
+    }
+
+    /// Runs as [`ReplayEngine::replay`] with nothing cloned, except that every node where
+    /// `replay[i]` dispatches `rounds` rounds of one trivial clone through the same path as a
+    /// replay's rounds: what the rounds cost beyond the clones' work (see
+    /// [`ReplayEngine::replay_rounds`]). Called only where `replay_rounds` is above 0.
+    fn replay_launches(
+        &mut self,
+        cut: &[bool],
+        replay: &[bool],
+        rounds: u32,
+    ) -> Result<ChunkTiming, EngineError> {
+        let _ = (cut, replay, rounds);
         Err(EngineError::Unsupported {
-            what: "decode steps in a depth sweep".into(),
-            why: "this engine cannot fork a sequence from its context".into(),
+            what: "replay launch rounds".into(),
+            why: "this engine's replays pay no launch of their own".into(),
         })
     }
+}
+
+/// What timing one op alone takes: its routing for an expert matmul and how the timing runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpTimeRequest<'a> {
+    /// The expert ids of an expert matmul (`None`: not one).
+    pub routing: Option<&'a [i32]>,
+    /// Timed repetitions (after one warm-up).
+    pub reps: u32,
+    /// Copies of the inputs rotated over, up to this many bytes in all.
+    pub rotate_bytes: u64,
+    /// Bytes written before every repetition, untimed (0: none): more than the last-level cache,
+    /// so that the op's weights come from memory.
+    pub flush_bytes: u64,
+}
+
+/// One op timed alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpTime {
+    pub median_us: f64,
+    pub min_us: f64,
+    pub max_us: f64,
+    pub reps: u32,
+    /// Copies of the inputs rotated over.
+    pub rotation: u32,
+    /// Where the weights lived: the repacking buffer type's name, or the plain CPU buffer.
+    pub weight_buffer: String,
+}
+
+/// Timing one node of the captured graph alone, outside the graph.
+pub trait OpTimer: Engine {
+    /// The expert ids of every expert matmul of a real TIMED run of the prepared work (node
+    /// index -> ids).
+    fn capture_routing(&mut self) -> Result<Vec<(u32, Vec<i32>)>, EngineError>;
+
+    /// Times `node` (of the captured graph) alone, rebuilt as a one-op graph on the engine's
+    /// threads.
+    fn time_node(&mut self, node: &NodeInfo, req: &OpTimeRequest) -> Result<OpTime, EngineError>;
+}
+
+/// The graph of some work, described without running the model.
+#[derive(Debug, Clone)]
+pub struct GraphCapture {
+    pub nodes: Vec<NodeInfo>,
+    /// Tokens decoded (computed) to fill the context to the depth first.
+    pub filled_tokens: u32,
+    /// Nodes of the chunk actually computed: 1 when the engine could stop after the first node,
+    /// every node when the graph had to be run in full.
+    pub chunk_nodes_computed: u32,
+    /// Milliseconds the capture took, context creation and fill included.
+    pub wall_ms: f64,
+}
+
+/// Describing the graph of some work without (or with little) computing.
+pub trait GraphCapturer: Engine {
+    fn capture_graph(&mut self, work: &Work) -> Result<GraphCapture, EngineError>;
 }

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::band::Assignment;
-use crate::engine::{Engine, EngineError};
+use crate::engine::{EngineError, ReplayEngine};
 use crate::node::NodeInfo;
 use crate::stats::{linear_fit, Sample};
 
@@ -201,7 +201,7 @@ pub fn validate(
 
 /// Runs the replay measurement on a prepared engine whose graph is `graph`.
 pub fn measure_replay(
-    engine: &mut dyn Engine,
+    engine: &mut dyn ReplayEngine,
     graph: &[NodeInfo],
     assignments: &[Assignment],
     bands: &[String],
@@ -417,7 +417,7 @@ pub fn measure_replay(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{ChunkTiming, EngineInfo, Mode, Work};
+    use crate::engine::{ChunkTiming, Engine, EngineInfo, Mode, Work};
 
     /// Replaying a node costs exactly its cost; cutting costs nothing.
     struct Exact {
@@ -437,6 +437,13 @@ mod tests {
         fn run(&mut self, _: Mode) -> Result<ChunkTiming, EngineError> {
             unimplemented!()
         }
+
+        fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
+            Some(self)
+        }
+    }
+
+    impl ReplayEngine for Exact {
         fn replay(
             &mut self,
             _: &[bool],
@@ -553,9 +560,13 @@ mod tests {
         fn run(&mut self, _: Mode) -> Result<ChunkTiming, EngineError> {
             unimplemented!()
         }
-        fn replay_rounds(&self, k: u32) -> u32 {
-            k.div_ceil(16)
+
+        fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
+            Some(self)
         }
+    }
+
+    impl ReplayEngine for Launching {
         fn replay(
             &mut self,
             cut: &[bool],
@@ -572,6 +583,11 @@ mod tests {
                 output_hash: 9,
             })
         }
+
+        fn replay_rounds(&self, k: u32) -> u32 {
+            k.div_ceil(16)
+        }
+
         fn replay_launches(
             &mut self,
             cut: &[bool],
@@ -676,6 +692,13 @@ mod tests {
         fn run(&mut self, _: Mode) -> Result<ChunkTiming, EngineError> {
             unimplemented!()
         }
+
+        fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
+            Some(self)
+        }
+    }
+
+    impl ReplayEngine for Intercept {
         fn replay(
             &mut self,
             _: &[bool],
@@ -772,6 +795,13 @@ mod tests {
         fn run(&mut self, _: Mode) -> Result<ChunkTiming, EngineError> {
             unimplemented!()
         }
+
+        fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
+            Some(self)
+        }
+    }
+
+    impl ReplayEngine for Noisy {
         fn replay(
             &mut self,
             _: &[bool],

@@ -21,6 +21,6 @@ pub use synth::{
     SynthOptions, SynthReport,
 };
 pub use types::{GgmlType, ParseGgmlTypeError};
-pub use validate::{validate_for_llama, ArchCheck};
+pub use validate::{validate_for_llama, ArchCheck, LlamaLoadable, WellFormed};
 pub use value::{Array, Value, ValueType};
 pub use writer::{GgufWriter, Layout, TensorSpec};

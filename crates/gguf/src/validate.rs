@@ -46,6 +46,59 @@ pub struct ArchCheck {
     pub notes: Vec<String>,
 }
 
+/// A model file that passed [`validate_for_llama`]. The llama.cpp engine loads nothing else, so
+/// the gate holds by type: the only way to make one is [`LlamaLoadable::gate`].
+#[derive(Debug, Clone)]
+pub struct LlamaLoadable {
+    path: std::path::PathBuf,
+    check: ArchCheck,
+}
+
+impl LlamaLoadable {
+    /// Runs the gate on a file already read (structure checked by [`GgufFile::open`]).
+    pub fn gate(file: &GgufFile) -> Result<LlamaLoadable, GgufError> {
+        let check = validate_for_llama(file)?;
+        Ok(LlamaLoadable {
+            path: file.path.clone(),
+            check,
+        })
+    }
+
+    /// Reads `path` and runs the gate.
+    pub fn open(path: &std::path::Path) -> Result<LlamaLoadable, GgufError> {
+        LlamaLoadable::gate(&GgufFile::open(path)?)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// What the gate checked, and its notes.
+    pub fn check(&self) -> &ArchCheck {
+        &self.check
+    }
+}
+
+/// A model file whose structure [`GgufFile::open`] checked (every count, offset and type), for
+/// an engine that reads the file itself and refuses what it cannot load (candle loads files
+/// llama.cpp refuses). Made only from a [`GgufFile`].
+#[derive(Debug, Clone)]
+pub struct WellFormed {
+    path: std::path::PathBuf,
+}
+
+impl WellFormed {
+    pub fn of(file: &GgufFile) -> WellFormed {
+        WellFormed {
+            path: file.path.clone(),
+        }
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
 /// Checks `file` for the linked llama.cpp: tensors packed as gguf.cpp requires; an
 /// architecture llama.cpp loads; for every such architecture the hyperparameters that
 /// llama.cpp's shared loader, vocabulary loader and graphs assert on, and those its own family

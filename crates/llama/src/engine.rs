@@ -2,12 +2,12 @@
 //! FUSED (no callback), FUSED-observed and TIMED modes through the eval-callback instrument.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use opledger_core::engine::{
-    check_finite, ChunkTiming, Engine, EngineError, EngineInfo, Mode, Work,
+    check_finite, Capability, ChunkTiming, Engine, EngineError, EngineInfo, GraphCapture,
+    GraphCapturer, Mode, OpTime, OpTimeRequest, OpTimer, ReplayEngine, SweepEngine, Work,
 };
 use opledger_core::node::NodeInfo;
 use opledger_core::tokens::{filler_tokens, hash_f32};
@@ -25,7 +25,8 @@ pub const LLAMA_CPP_SYS_VERSION: &str = "llama-cpp-sys-2 0.1.161";
 /// How to set up the llama.cpp engine.
 #[derive(Debug, Clone)]
 pub struct LlamaConfig {
-    pub model_path: PathBuf,
+    /// The model, through opledger's gate (nothing else reaches llama.cpp's loader).
+    pub model: opledger_gguf::LlamaLoadable,
     pub threads: u32,
     pub flash_attn: FlashAttn,
     pub gpu_layers: i32,
@@ -43,11 +44,11 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
-    /// Defaults for `model_path` on `threads` threads: CPU, flash attention auto, weights
+    /// Defaults for `model` on `threads` threads: CPU, flash attention auto, weights
     /// repacked, the whole chunk one ubatch, F16 KV cache, llama.cpp's log captured.
-    pub fn new(model_path: impl Into<PathBuf>, threads: u32) -> LlamaConfig {
+    pub fn new(model: opledger_gguf::LlamaLoadable, threads: u32) -> LlamaConfig {
         LlamaConfig {
-            model_path: model_path.into(),
+            model,
             threads,
             flash_attn: FlashAttn::Auto,
             gpu_layers: 0,
@@ -58,19 +59,6 @@ impl LlamaConfig {
             verbose: false,
         }
     }
-}
-
-/// A graph described without running the model, and what had to be computed to get it.
-#[derive(Debug, Clone)]
-pub struct GraphCapture {
-    pub nodes: Vec<NodeInfo>,
-    /// Tokens decoded (computed) to fill the context to the depth first.
-    pub filled_tokens: u32,
-    /// Nodes of the chunk actually computed: 1 when the abort after the first node worked,
-    /// every node when the graph had to be run in full (several splits, a GPU backend).
-    pub chunk_nodes_computed: u32,
-    /// Milliseconds the capture took, context creation and fill included.
-    pub wall_ms: f64,
 }
 
 /// llama.cpp as an [`Engine`].
@@ -110,7 +98,7 @@ impl LlamaEngine {
         let backend = Backend::init(cfg.verbose);
         let model = Model::load(
             &backend,
-            &cfg.model_path,
+            &cfg.model,
             &ModelParams {
                 gpu_layers: cfg.gpu_layers,
                 no_repack: cfg.no_repack,
@@ -138,11 +126,7 @@ impl LlamaEngine {
         })
     }
 
-    /// Milliseconds the model took to load (llama.cpp memory-maps the file and prefetches it).
-    pub fn load_ms(&self) -> f64 {
-        self.load_ms
-    }
-
+    /// The loaded model.
     pub fn model(&self) -> &Model {
         &self.model
     }
@@ -522,62 +506,13 @@ impl LlamaEngine {
         ))
     }
 
-    /// The expert ids every MUL_MAT_ID node of the prepared chunk routes in a real (TIMED) run:
-    /// (node index, ids `[n_used, n_tokens]`).
-    pub fn capture_routing(&mut self) -> Result<Vec<(u32, Vec<i32>)>, EngineError> {
-        self.context(Mode::Timed)?.observer_mut()?.capture_ids = true;
-        let run = self.run(Mode::Timed);
-        let obs = self.context(Mode::Timed)?.observer_mut()?;
-        obs.capture_ids = false;
-        let ids = std::mem::take(&mut obs.ids);
-        run?;
-        Ok(ids)
-    }
-
-    /// Times one node of the captured graph alone on this engine's thread pool (see
-    /// [`crate::optime`]); weights repacked as the model's are.
-    pub fn time_node(
-        &self,
-        node: &NodeInfo,
-        routing: Option<&[i32]>,
-        reps: u32,
-        rotate_bytes: u64,
-    ) -> Result<crate::optime::OpTime, LlamaError> {
-        self.time_node_flushed(node, routing, reps, rotate_bytes, 0)
-    }
-
-    /// [`LlamaEngine::time_node`] with `flush_bytes` written before every repetition (see
-    /// [`crate::optime::OpTimeConfig::flush_bytes`]).
-    pub fn time_node_flushed(
-        &self,
-        node: &NodeInfo,
-        routing: Option<&[i32]>,
-        reps: u32,
-        rotate_bytes: u64,
-        flush_bytes: u64,
-    ) -> Result<crate::optime::OpTime, LlamaError> {
-        let r = crate::optime::time_node(
-            &self.pool,
-            node,
-            routing,
-            &crate::optime::OpTimeConfig {
-                repack: !self.cfg.no_repack,
-                rotate_bytes,
-                reps,
-                flush_bytes,
-            },
-        );
-        self.pool.pause();
-        r
-    }
-
     /// The graph llama.cpp computes for `work`, described without running the model: one
     /// instrumented context answers "no" to every ask (so the scheduler asks about every node of
     /// the split before computing it) and llama.cpp's abort callback stops the computation after
     /// the first node. The context is filled to the depth first, which does compute (the graph
     /// at depth L attends over L cached keys). If the capture does not end at the logits node
     /// (a graph in several splits), the chunk is run in full instead, and the result says so.
-    pub fn capture_graph(&mut self, work: &Work) -> Result<GraphCapture, LlamaError> {
+    fn capture_graph_inner(&mut self, work: &Work) -> Result<GraphCapture, LlamaError> {
         let t0 = Instant::now();
         let needed = work.depth_tokens as u64 + work.chunk_tokens.max(1) as u64;
         let n_ctx = u32::try_from(needed.div_ceil(256) * 256).map_err(|_| {
@@ -782,43 +717,6 @@ impl Engine for LlamaEngine {
         }))
     }
 
-    fn calibrate_sweep_decode(
-        &mut self,
-    ) -> Result<Option<opledger_core::engine::IsolationCalibration>, EngineError> {
-        let c = crate::calibrate::isolation_cost(&self.pool, &self.decode_graph_dispatch, 5)?;
-        let each_node_us = if c.each_node_us.len() == self.decode_graph_dispatch.len() {
-            c.each_node_us
-        } else {
-            Vec::new()
-        };
-        Ok(Some(opledger_core::engine::IsolationCalibration {
-            per_node_us: c.per_node_us,
-            each_node_us,
-        }))
-    }
-
-    fn replay(
-        &mut self,
-        cut: &[bool],
-        replay: &[bool],
-        k: u32,
-    ) -> Result<ChunkTiming, EngineError> {
-        self.replay_run(cut, replay, k, false)
-    }
-
-    fn replay_rounds(&self, k: u32) -> u32 {
-        crate::replay::rounds(k)
-    }
-
-    fn replay_launches(
-        &mut self,
-        cut: &[bool],
-        replay: &[bool],
-        rounds: u32,
-    ) -> Result<ChunkTiming, EngineError> {
-        self.replay_run(cut, replay, rounds, true)
-    }
-
     fn routed_experts(&mut self) -> Result<Option<BTreeMap<u32, u32>>, EngineError> {
         let ids = self.capture_routing()?;
         Ok(Some(
@@ -856,7 +754,16 @@ impl Engine for LlamaEngine {
             op_code: Some(llama_cpp_sys_2::GGML_OP_MUL_MAT),
             op_params: Vec::new(),
         };
-        let t = self.time_node(&node, None, 5, 0)?;
+        let t = OpTimer::time_node(
+            self,
+            &node,
+            &OpTimeRequest {
+                routing: None,
+                reps: 5,
+                rotate_bytes: 0,
+                flush_bytes: 0,
+            },
+        )?;
         let flops = 2.0 * (k * n * m) as f64;
         Ok(Some((
             flops / (t.median_us / 1e6) / 1e9,
@@ -864,6 +771,64 @@ impl Engine for LlamaEngine {
         )))
     }
 
+    fn supports(&self, c: Capability) -> bool {
+        matches!(
+            c,
+            Capability::Decode
+                | Capability::Logits
+                | Capability::Sweep
+                | Capability::Replay
+                | Capability::OpTiming
+                | Capability::GraphCapture
+        )
+    }
+
+    fn load_ms(&self) -> Option<f64> {
+        Some(self.load_ms)
+    }
+
+    fn as_sweep(&mut self) -> Option<&mut dyn SweepEngine> {
+        Some(self)
+    }
+
+    fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
+        Some(self)
+    }
+
+    fn as_op_timer(&mut self) -> Option<&mut dyn OpTimer> {
+        Some(self)
+    }
+
+    fn as_graph_capturer(&mut self) -> Option<&mut dyn GraphCapturer> {
+        Some(self)
+    }
+}
+
+impl ReplayEngine for LlamaEngine {
+    fn replay(
+        &mut self,
+        cut: &[bool],
+        replay: &[bool],
+        k: u32,
+    ) -> Result<ChunkTiming, EngineError> {
+        self.replay_run(cut, replay, k, false)
+    }
+
+    fn replay_rounds(&self, k: u32) -> u32 {
+        crate::replay::rounds(k)
+    }
+
+    fn replay_launches(
+        &mut self,
+        cut: &[bool],
+        replay: &[bool],
+        rounds: u32,
+    ) -> Result<ChunkTiming, EngineError> {
+        self.replay_run(cut, replay, rounds, true)
+    }
+}
+
+impl SweepEngine for LlamaEngine {
     fn prepare_sweep(
         &mut self,
         work: &Work,
@@ -955,48 +920,6 @@ impl Engine for LlamaEngine {
         self.timing(mode, wall_ms, hash)
     }
 
-    fn sweep_decode_graph(&mut self, parallel: u32) -> Result<Vec<NodeInfo>, EngineError> {
-        let work = self.work.clone().ok_or_else(|| {
-            EngineError::Failed("sweep_decode_graph() before prepare_sweep()".into())
-        })?;
-        if self.sweep.as_ref().and_then(|s| s.decode).is_none() {
-            return Err(EngineError::Failed(
-                "sweep_decode_graph() on a sweep prepared without decode steps".into(),
-            ));
-        }
-        let vocab = self.model.n_vocab();
-        let (chunk, pos0) = self.sweep_tokens(&work, 0)?;
-        let tokens = sweep_step_tokens(&work, pos0 + work.chunk_tokens, parallel, vocab);
-        let captured = (|| {
-            let ctx = self.context(Mode::FusedObserved)?;
-            ctx.clear_memory();
-            ctx.set_observe_mode(ObserveMode::Count)?;
-            ctx.decode(&chunk, pos0, false)?;
-            for s in 1..=parallel as i32 {
-                ctx.copy_sequence(0, s);
-            }
-            ctx.set_observe_mode(ObserveMode::Capture)?;
-            ctx.decode_step_from(&tokens, pos0 + work.chunk_tokens, 1)?;
-            let obs = ctx.observer_mut()?;
-            let out = (
-                std::mem::take(&mut obs.captured),
-                std::mem::take(&mut obs.ops),
-                std::mem::take(&mut obs.all_threads),
-            );
-            ctx.clear_memory();
-            Ok::<_, EngineError>(out)
-        })();
-        self.pool.pause();
-        let (nodes, ops, all_threads) = captured?;
-        self.decode_graph_ops = Some(ops);
-        self.decode_graph_dispatch = dispatch_of(&nodes, &all_threads);
-        // the passes start from an empty context again
-        if let Some(s) = self.sweep.as_mut() {
-            s.next = [None, None];
-        }
-        Ok(nodes)
-    }
-
     fn pass_decode(
         &mut self,
         mode: Mode,
@@ -1080,6 +1003,103 @@ impl Engine for LlamaEngine {
             ctx.remove_sequence(s)?;
         }
         result
+    }
+
+    fn sweep_decode_graph(&mut self, parallel: u32) -> Result<Vec<NodeInfo>, EngineError> {
+        let work = self.work.clone().ok_or_else(|| {
+            EngineError::Failed("sweep_decode_graph() before prepare_sweep()".into())
+        })?;
+        if self.sweep.as_ref().and_then(|s| s.decode).is_none() {
+            return Err(EngineError::Failed(
+                "sweep_decode_graph() on a sweep prepared without decode steps".into(),
+            ));
+        }
+        let vocab = self.model.n_vocab();
+        let (chunk, pos0) = self.sweep_tokens(&work, 0)?;
+        let tokens = sweep_step_tokens(&work, pos0 + work.chunk_tokens, parallel, vocab);
+        let captured = (|| {
+            let ctx = self.context(Mode::FusedObserved)?;
+            ctx.clear_memory();
+            ctx.set_observe_mode(ObserveMode::Count)?;
+            ctx.decode(&chunk, pos0, false)?;
+            for s in 1..=parallel as i32 {
+                ctx.copy_sequence(0, s);
+            }
+            ctx.set_observe_mode(ObserveMode::Capture)?;
+            ctx.decode_step_from(&tokens, pos0 + work.chunk_tokens, 1)?;
+            let obs = ctx.observer_mut()?;
+            let out = (
+                std::mem::take(&mut obs.captured),
+                std::mem::take(&mut obs.ops),
+                std::mem::take(&mut obs.all_threads),
+            );
+            ctx.clear_memory();
+            Ok::<_, EngineError>(out)
+        })();
+        self.pool.pause();
+        let (nodes, ops, all_threads) = captured?;
+        self.decode_graph_ops = Some(ops);
+        self.decode_graph_dispatch = dispatch_of(&nodes, &all_threads);
+        // the passes start from an empty context again
+        if let Some(s) = self.sweep.as_mut() {
+            s.next = [None, None];
+        }
+        Ok(nodes)
+    }
+
+    fn calibrate_sweep_decode(
+        &mut self,
+    ) -> Result<Option<opledger_core::engine::IsolationCalibration>, EngineError> {
+        let c = crate::calibrate::isolation_cost(&self.pool, &self.decode_graph_dispatch, 5)?;
+        let each_node_us = if c.each_node_us.len() == self.decode_graph_dispatch.len() {
+            c.each_node_us
+        } else {
+            Vec::new()
+        };
+        Ok(Some(opledger_core::engine::IsolationCalibration {
+            per_node_us: c.per_node_us,
+            each_node_us,
+        }))
+    }
+}
+
+impl OpTimer for LlamaEngine {
+    /// The expert ids every MUL_MAT_ID node of the prepared chunk routes in a real (TIMED) run:
+    /// (node index, ids `[n_used, n_tokens]`).
+    fn capture_routing(&mut self) -> Result<Vec<(u32, Vec<i32>)>, EngineError> {
+        self.context(Mode::Timed)?.observer_mut()?.capture_ids = true;
+        let run = self.run(Mode::Timed);
+        let obs = self.context(Mode::Timed)?.observer_mut()?;
+        obs.capture_ids = false;
+        let ids = std::mem::take(&mut obs.ids);
+        run?;
+        Ok(ids)
+    }
+
+    /// Times one node of the captured graph alone on this engine's thread pool (see
+    /// [`crate::optime`]); weights repacked as the model's are.
+    fn time_node(&mut self, node: &NodeInfo, req: &OpTimeRequest) -> Result<OpTime, EngineError> {
+        let r = crate::optime::time_node(
+            &self.pool,
+            node,
+            req.routing,
+            &crate::optime::OpTimeConfig {
+                repack: !self.cfg.no_repack,
+                rotate_bytes: req.rotate_bytes,
+                reps: req.reps,
+                flush_bytes: req.flush_bytes,
+            },
+        );
+        self.pool.pause();
+        Ok(r?)
+    }
+}
+
+impl GraphCapturer for LlamaEngine {
+    /// The graph llama.cpp computes for `work`, described without running the model (see
+    /// `capture_graph_inner`).
+    fn capture_graph(&mut self, work: &Work) -> Result<GraphCapture, EngineError> {
+        Ok(self.capture_graph_inner(work)?)
     }
 }
 

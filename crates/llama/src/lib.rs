@@ -14,6 +14,6 @@ pub mod replay;
 
 pub use backend::Backend;
 pub use context::{Context, ContextParams, FlashAttn, KvType, ThreadPool};
-pub use engine::{GraphCapture, LlamaConfig, LlamaEngine, LLAMA_CPP_SYS_VERSION};
+pub use engine::{LlamaConfig, LlamaEngine, LLAMA_CPP_SYS_VERSION};
 pub use error::LlamaError;
 pub use model::{Model, ModelParams};

@@ -34,13 +34,14 @@ unsafe impl Send for Model {}
 unsafe impl Sync for Model {}
 
 impl Model {
-    /// Loads a GGUF file. The caller validates the file first (see `opledger-gguf`): llama.cpp
-    /// can abort on some malformed files instead of returning an error.
+    /// Loads a GGUF file that passed opledger's gate: llama.cpp can abort on some malformed
+    /// files instead of returning an error, so it is given nothing else.
     pub fn load(
         _backend: &Backend,
-        path: &Path,
+        model: &opledger_gguf::LlamaLoadable,
         params: &ModelParams,
     ) -> Result<Model, LlamaError> {
+        let path = model.path();
         let c_path =
             CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| LlamaError::Load {
                 path: path.to_path_buf(),

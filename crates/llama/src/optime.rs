@@ -15,18 +15,8 @@ use opledger_gguf::GgmlType;
 use crate::context::ThreadPool;
 use crate::error::LlamaError;
 
-/// The timing of one op alone.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OpTime {
-    pub median_us: f64,
-    pub min_us: f64,
-    pub max_us: f64,
-    pub reps: u32,
-    /// Copies of the inputs rotated over.
-    pub rotation: u32,
-    /// Where the weights lived: the repacking buffer type's name, or the plain CPU buffer.
-    pub weight_buffer: String,
-}
+/// The timing of one op alone (the type every op timer returns).
+pub use opledger_core::engine::OpTime;
 
 /// How to time.
 #[derive(Debug, Clone)]

@@ -218,6 +218,10 @@ pub fn rows(view: &RunView) -> Vec<BenchRow> {
                     .collect(),
             )]
         }
+        // their commands write their own tables, not llama-bench rows
+        RunView::Parallel(_) | RunView::Discover(_) | RunView::Ledger(_) | RunView::Ops(_) => {
+            Vec::new()
+        }
     }
 }
 

@@ -1064,6 +1064,13 @@ pub fn html(view: &RunView) -> Result<String, String> {
         RunView::Sweep(v) => sweep_html(v)?,
         RunView::Ab(v) => ab_html(v),
         RunView::Waste(v) => waste_html(v),
+        other => {
+            return Err(format!(
+                "{} {} run has no HTML page",
+                crate::render::article(other.kind()),
+                other.kind()
+            ))
+        }
     })
 }
 
@@ -1077,5 +1084,12 @@ pub fn chart_svg(view: &RunView) -> Result<String, String> {
         )?,
         RunView::Ab(v) => bar_chart_svg(&ab_chart(v)),
         RunView::Waste(v) => bar_chart_svg(&waste_chart(v)),
+        other => {
+            return Err(format!(
+                "{} {} run has no chart",
+                crate::render::article(other.kind()),
+                other.kind()
+            ))
+        }
     })
 }

@@ -24,4 +24,7 @@ pub mod waste;
 pub use nodes::nodes_csv;
 pub use profile::{bands_csv, profile_markdown, profile_text};
 pub use render::{render, Format, RenderError, RenderOptions};
-pub use view::{AbView, ProfileView, RunView, SweepView, WasteView};
+pub use view::{
+    AbView, DiscoverView, LedgerView, OpsView, ParallelView, ProfileView, RunView, SweepView,
+    WasteView,
+};

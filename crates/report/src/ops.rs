@@ -3,9 +3,21 @@
 
 use std::fmt::Write as _;
 
+use opledger_core::manifest::Manifest;
 use opledger_core::ops::OpsSummary;
 
 use crate::table::{text_table, Align};
+
+/// The title line of an ops run's table.
+pub fn ops_title(m: &Manifest) -> String {
+    format!(
+        "{} · {} · {} · {} threads · ops alone against in-graph",
+        m.model_label(),
+        m.model.arch.arch,
+        m.engine.version,
+        m.engine.threads
+    )
+}
 
 pub fn ops_text(title: &str, s: &OpsSummary) -> String {
     let mut out = String::new();

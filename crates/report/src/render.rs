@@ -80,7 +80,10 @@ impl Default for RenderOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
-    #[error("a {kind} run has no {format} rendering (it has: {available})")]
+    #[error(
+        "{} {kind} run has no {format} rendering (it has: {available})",
+        article(kind)
+    )]
     Unsupported {
         kind: &'static str,
         format: &'static str,
@@ -94,11 +97,31 @@ pub enum RenderError {
     Chart(String),
 }
 
+/// "an" before a vowel, else "a".
+pub fn article(word: &str) -> &'static str {
+    if word.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    }
+}
+
 /// The file a format is written to for this kind of run; `None` where the run has no such
 /// rendering.
 pub fn file_name(view: &RunView, format: Format) -> Option<&'static str> {
     use RunView::*;
     Some(match (format, view) {
+        // the kinds whose renderings are their command's tables and JSON only
+        (Format::Text, Parallel(_)) => "parallel.txt",
+        (Format::Csv, Parallel(_)) => "parallel.csv",
+        (Format::Json, Parallel(_)) => "parallel.json",
+        (Format::Json, Discover(_)) => "discover.json",
+        (Format::Md, Ledger(_)) => "ledger.md",
+        (Format::Csv, Ledger(_)) => "ledger.csv",
+        (Format::Json, Ledger(_)) => "ledger.json",
+        (Format::Json, Ops(_)) => "ops.json",
+        (Format::Text, Discover(_) | Ledger(_) | Ops(_)) => "table.txt",
+        (_, Parallel(_) | Discover(_) | Ledger(_) | Ops(_)) => return None,
         (Format::Text, _) => "table.txt",
         (Format::Md, _) => "summary.md",
         (Format::Csv, _) => "bench.csv",
@@ -147,6 +170,23 @@ pub fn render(
     }
     let rows = crate::bench::rows(view);
     let bytes = match (format, view) {
+        (Format::Text, RunView::Parallel(v)) => {
+            crate::profile::parallel_text(&v.summaries()).into_bytes()
+        }
+        (Format::Csv, RunView::Parallel(v)) => {
+            crate::profile::parallel_csv(&v.summaries())?.into_bytes()
+        }
+        (Format::Json, RunView::Parallel(v)) => pretty_json(&v.summaries())?,
+        (Format::Text, RunView::Discover(v)) => crate::ab::discover_text(v.report).into_bytes(),
+        (Format::Json, RunView::Discover(v)) => pretty_json(v.report)?,
+        (Format::Text, RunView::Ledger(v)) => crate::ledger::ledger_text(v.report).into_bytes(),
+        (Format::Md, RunView::Ledger(v)) => crate::ledger::ledger_markdown(v.report).into_bytes(),
+        (Format::Csv, RunView::Ledger(v)) => crate::ledger::ledger_csv(v.report)?.into_bytes(),
+        (Format::Json, RunView::Ledger(v)) => pretty_json(v.report)?,
+        (Format::Text, RunView::Ops(v)) => {
+            crate::ops::ops_text(&crate::ops::ops_title(v.manifest), v.summary).into_bytes()
+        }
+        (Format::Json, RunView::Ops(v)) => pretty_json(v.summary)?,
         (Format::Text, RunView::Profile(v)) => {
             crate::profile::profile_text(v.manifest, &v.summary).into_bytes()
         }
@@ -165,6 +205,7 @@ pub fn render(
                 RunView::Sweep(v) => crate::sweep::sweep_markdown(v.manifest, &v.summary),
                 RunView::Ab(v) => crate::ab::ab_markdown(v.report),
                 RunView::Waste(v) => crate::waste::waste_markdown(v.manifest, &v.summary),
+                _ => unreachable!("file_name() refused their markdown"),
             });
             md.into_bytes()
         }

@@ -1,11 +1,14 @@
-//! What a stored run holds, as the renderers see it: one view per kind of run (profile, sweep,
-//! A/B, waste), derived by pure functions from the raw data the CLI read from the run folder.
+//! What a stored run holds, as the renderers see it: one view per kind of run (profile, a set of
+//! parallel-decode profiles, sweep, A/B, discover, waste, ledger, ops), derived by pure functions
+//! from the raw data read from the run folder.
 
-use opledger_core::ab::AbReport;
+use opledger_core::ab::{AbReport, DiscoverReport};
 use opledger_core::band::Assignment;
 use opledger_core::census::{census, predicts_engine, Census};
+use opledger_core::ledger::LedgerReport;
 use opledger_core::manifest::Manifest;
 use opledger_core::node::NodeInfo;
+use opledger_core::ops::OpsSummary;
 use opledger_core::profile::{self, ProfileRaw, ProfileSummary, SummaryError};
 use opledger_core::sweep::{
     summarise_sweep_with_decode, ChunkRecord, PassLog, SweepConfig, SweepError, SweepIndex,
@@ -123,6 +126,40 @@ impl<'a> WasteView<'a> {
     }
 }
 
+/// `profile -n N --parallel 1,4,...`: one profile per sequence count, side by side (never
+/// empty).
+#[derive(Debug, Clone)]
+pub struct ParallelView<'a> {
+    pub members: Vec<ProfileView<'a>>,
+}
+
+impl ParallelView<'_> {
+    pub fn summaries(&self) -> Vec<&ProfileSummary> {
+        self.members.iter().map(|m| &m.summary).collect()
+    }
+}
+
+/// A knob search: its candidates, the confirmation and the verdict.
+#[derive(Debug, Clone)]
+pub struct DiscoverView<'a> {
+    pub manifest: &'a Manifest,
+    pub report: &'a DiscoverReport,
+}
+
+/// Two engines compared band by band.
+#[derive(Debug, Clone)]
+pub struct LedgerView<'a> {
+    pub manifest: &'a Manifest,
+    pub report: &'a LedgerReport,
+}
+
+/// Every distinct op timed alone against the in-graph bands.
+#[derive(Debug, Clone)]
+pub struct OpsView<'a> {
+    pub manifest: &'a Manifest,
+    pub summary: &'a OpsSummary,
+}
+
 /// Any stored run. One exists at a time (never in collections), so the size difference between
 /// the variants costs nothing worth a box.
 #[derive(Debug, Clone)]
@@ -132,6 +169,10 @@ pub enum RunView<'a> {
     Sweep(SweepView<'a>),
     Ab(AbView<'a>),
     Waste(WasteView<'a>),
+    Parallel(ParallelView<'a>),
+    Discover(DiscoverView<'a>),
+    Ledger(LedgerView<'a>),
+    Ops(OpsView<'a>),
 }
 
 impl RunView<'_> {
@@ -141,16 +182,24 @@ impl RunView<'_> {
             RunView::Sweep(v) => v.manifest,
             RunView::Ab(v) => v.manifest,
             RunView::Waste(v) => v.manifest,
+            RunView::Parallel(v) => v.members[0].manifest,
+            RunView::Discover(v) => v.manifest,
+            RunView::Ledger(v) => v.manifest,
+            RunView::Ops(v) => v.manifest,
         }
     }
 
-    /// `profile`, `sweep`, `ab` or `waste`.
+    /// The command that made the run (`parallel profile` for a set of profiles).
     pub fn kind(&self) -> &'static str {
         match self {
             RunView::Profile(_) => "profile",
             RunView::Sweep(_) => "sweep",
             RunView::Ab(_) => "ab",
             RunView::Waste(_) => "waste",
+            RunView::Parallel(_) => "parallel profile",
+            RunView::Discover(_) => "discover",
+            RunView::Ledger(_) => "ledger",
+            RunView::Ops(_) => "ops",
         }
     }
 }

@@ -2,24 +2,20 @@
 //! interleaved on the same work, with a control, ablations and a correctness gate; `discover`
 //! searches a grid of knobs for the fastest configuration that still returns the same thing.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use opledger_core::ab::{
-    grid, AbConfig, AbReport, Ablation, Candidate, DiscoverReport, Knobs, Outcome, ScenarioResult,
-    Tolerance, AB_SCHEMA_VERSION, DISCOVER_SCHEMA_VERSION,
-};
+use opledger_app::bands::Bands;
+use opledger_app::engines::EngineKind;
+use opledger_app::outcome::of_ab;
+use opledger_core::ab::{grid, AbConfig, Knobs, Tolerance};
 use opledger_core::engine::Work;
-use opledger_core::manifest::Manifest;
 use opledger_core::run_folder::RunFolder;
-pub use opledger_report::ab::ab_text;
+use opledger_report::ab::{ab_text, discover_text};
 
-use super::common::ModelArgs;
-use super::profile::{load_rules, manifest};
-use crate::model_file::ModelFile;
-use crate::progress::steps_bar;
+use super::common::{ModelArgs, Term};
 
 /// The work both commands measure.
 #[derive(Args, Clone)]
@@ -144,144 +140,6 @@ pub struct DiscoverArgs {
     pub quiet: bool,
 }
 
-/// The exit code of an A/B: 4 when the correctness gate refused B, 5 when a control moved
-/// (inconclusive), else 0. The same codes come from `discover` (its confirmation) and from
-/// `report` of a stored A/B.
-pub fn ab_exit_code(report: &AbReport) -> ExitCode {
-    match report.verdict {
-        Outcome::Refused => {
-            eprintln!("verdict: {}", report.verdict.words());
-            ExitCode::from(crate::exit::REFUSED)
-        }
-        Outcome::Inconclusive => {
-            eprintln!("verdict: {}", report.verdict.words());
-            ExitCode::from(crate::exit::INCONCLUSIVE)
-        }
-        _ => ExitCode::SUCCESS,
-    }
-}
-
-#[cfg(feature = "llama")]
-fn compare(
-    model: &ModelArgs,
-    a: &Knobs,
-    b: &Knobs,
-    cfg: &AbConfig,
-    file: &ModelFile,
-    rules: &opledger_core::band::BandRules,
-    progress: &mut dyn FnMut(u32, u32, &str),
-) -> Result<Vec<ScenarioResult>> {
-    let mut ea = super::common::load_llama_knobs(model, a)?;
-    let mut eb = super::common::load_llama_knobs(model, b)?;
-    Ok(opledger_core::ab::run_ab(
-        &mut ea, &mut eb, cfg, rules, &file.arch, progress,
-    )?)
-}
-
-#[cfg(feature = "llama")]
-fn ab_with_ablations(
-    model: &ModelArgs,
-    a: &Knobs,
-    b: &Knobs,
-    cfg: &AbConfig,
-    file: &ModelFile,
-    rules: &opledger_core::band::BandRules,
-    quiet: bool,
-) -> Result<AbReport> {
-    let bar = steps_bar(quiet);
-    let mut progress = |done: u32, total: u32, what: &str| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-        bar.set_message(what.to_string());
-    };
-    let scenarios = compare(model, a, b, cfg, file, rules, &mut progress)?;
-    // a gain is shared out only where the confirmation found one beyond the noise
-    let ratio_b = scenarios
-        .first()
-        .filter(|s| s.verdict == opledger_core::ab::Verdict::Faster)
-        .map(|s| s.ratio)
-        .unwrap_or(1.0);
-    let mut ablations = Vec::new();
-    let first = AbConfig {
-        scenarios: cfg.scenarios.iter().take(1).cloned().collect(),
-        ..cfg.clone()
-    };
-    for knob in b.differences(a) {
-        let reverted = b.reverted(&knob, a);
-        let r = compare(model, a, &reverted, &first, file, rules, &mut progress)?;
-        let s = &r[0];
-        ablations.push(Ablation {
-            reverted: knob,
-            knobs: reverted,
-            ratio: s.ratio,
-            ratio_lo: s.ratio_lo,
-            ratio_hi: s.ratio_hi,
-            verdict: s.verdict,
-            correct: s.correctness.passed,
-            share_of_gain: opledger_core::ab::share_of_gain(ratio_b, s.ratio),
-        });
-    }
-    bar.finish_and_clear();
-    Ok(AbReport {
-        schema_version: AB_SCHEMA_VERSION,
-        a: a.clone(),
-        b: b.clone(),
-        config: cfg.clone(),
-        verdict: Outcome::of(&scenarios),
-        scenarios,
-        ablations,
-    })
-}
-
-fn model_of(model: &ModelArgs) -> Result<(ModelFile, PathBuf, ModelArgs)> {
-    let path = model.path()?;
-    let file = ModelFile::open(&path)?;
-    let mut args = model.clone();
-    args.model = Some(path.clone());
-    Ok((file, path, args))
-}
-
-fn folder_for(out: &Option<PathBuf>, kind: &str, model: &Path) -> Result<RunFolder> {
-    Ok(RunFolder::create(&super::common::run_path(
-        out.as_deref(),
-        kind,
-        model,
-    ))?)
-}
-
-fn manifest_for(
-    kind: &str,
-    file: &ModelFile,
-    path: &Path,
-    rules: &opledger_core::band::BandRules,
-    threads: u32,
-) -> Result<Manifest> {
-    manifest(
-        kind,
-        file,
-        path,
-        opledger_core::engine::EngineInfo {
-            engine: "llama.cpp".into(),
-            version: opledger_llama_version(),
-            backend: "CPU".into(),
-            threads,
-            settings: Default::default(),
-        },
-        rules,
-    )
-}
-
-fn opledger_llama_version() -> String {
-    #[cfg(feature = "llama")]
-    {
-        opledger_llama::LLAMA_CPP_SYS_VERSION.to_string()
-    }
-    #[cfg(not(feature = "llama"))]
-    {
-        String::new()
-    }
-}
-
 /// Refuses a `threads` knob this machine cannot run (as `-t` is refused).
 fn check_knob_threads(flag: &str, k: &Knobs) -> Result<()> {
     if let Some(t) = k.get("threads") {
@@ -297,66 +155,29 @@ pub fn run_ab(args: AbArgs) -> Result<ExitCode> {
     let b: Knobs = args.b.parse().context("--b")?;
     check_knob_threads("--a", &a)?;
     check_knob_threads("--b", &b)?;
-    let (file, path, model) = model_of(&args.model)?;
-    let rules = load_rules(None, &file.arch.arch)?;
+    let file = args.model.open(EngineKind::LlamaCpp)?;
+    let bands = Bands::load(None, &file.arch.arch)?;
     let cfg = args.work.config(args.pairs, args.work.scenarios());
-    #[cfg(not(feature = "llama"))]
-    {
-        let _ = (a, b, path, model, rules, cfg);
-        anyhow::bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
+    let out = opledger_app::manifest::run_path(args.output.as_deref(), "ab", file.path());
+    let folder = RunFolder::create(&out)?;
+    let settings = args.model.settings();
+    let report = {
+        let mut ui = Term::new(args.quiet || args.json);
+        opledger_app::ab::ab_with_ablations(&file, &bands, &settings, &a, &b, &cfg, &mut ui)?
+    };
+    let m = opledger_app::ab::manifest("ab", &file, &bands, settings.threads)?;
+    opledger_app::runs::write_ab(&folder, &m, &report)?;
+    let dir = folder.finish()?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if !args.quiet {
+        print!("{}", ab_text(&report));
+        println!("run folder: {}", dir.display());
     }
-    #[cfg(feature = "llama")]
-    {
-        let folder = folder_for(&args.output, "ab", &path)?;
-        let report =
-            ab_with_ablations(&model, &a, &b, &cfg, &file, &rules, args.quiet || args.json)?;
-        folder.write_json(
-            "manifest.json",
-            &manifest_for("ab", &file, &path, &rules, model.threads())?,
-        )?;
-        folder.write_json("ab.json", &report)?;
-        let text = ab_text(&report);
-        folder.write("table.txt", text.as_bytes())?;
-        let dir = folder.finish()?;
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
-        } else if !args.quiet {
-            print!("{text}");
-            println!("run folder: {}", dir.display());
-        }
-        Ok(ab_exit_code(&report))
-    }
-}
-
-/// What llama.cpp runs with when a knob is not set: this run's threads, flash attention as asked
-/// (`auto` by default), weights repacked, the whole chunk one ubatch, an F16 KV cache.
-fn resolved_defaults(model: &ModelArgs, chunk: u32) -> Knobs {
-    Knobs(
-        [
-            ("threads", model.threads().to_string()),
-            (
-                "flash_attn",
-                match model.flash_attn {
-                    super::common::FlashAttnArg::Auto => "auto",
-                    super::common::FlashAttnArg::On => "on",
-                    super::common::FlashAttnArg::Off => "off",
-                }
-                .to_string(),
-            ),
-            ("repack", "on".to_string()),
-            ("ubatch", chunk.to_string()),
-            ("type_k", "f16".to_string()),
-            ("type_v", "f16".to_string()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect(),
-    )
+    Ok(super::common::exit(of_ab(report.verdict)))
 }
 
 pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
-    let (file, path, model) = model_of(&args.model)?;
-    let rules = load_rules(None, &file.arch.arch)?;
     let candidates = grid(
         &args.knobs,
         usize::try_from(args.max_candidates).unwrap_or(usize::MAX),
@@ -365,96 +186,42 @@ pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
     for c in &candidates {
         check_knob_threads("--knobs", c)?;
     }
+    let file = args.model.open(EngineKind::LlamaCpp)?;
+    let bands = Bands::load(None, &file.arch.arch)?;
     let scenarios = args.work.scenarios();
-    #[cfg(not(feature = "llama"))]
-    {
-        let _ = (candidates, scenarios, path, model, rules);
-        anyhow::bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
+    let search = args.work.config(
+        args.search_pairs,
+        scenarios.iter().take(1).cloned().collect(),
+    );
+    let confirm = args.work.config(args.pairs, scenarios);
+    let out = opledger_app::manifest::run_path(args.output.as_deref(), "discover", file.path());
+    let folder = RunFolder::create(&out)?;
+    let settings = args.model.settings();
+    let report = {
+        let mut ui = Term::new(args.quiet || args.json);
+        opledger_app::ab::discover(
+            &file,
+            &bands,
+            &settings,
+            &candidates,
+            &search,
+            &confirm,
+            &mut ui,
+        )?
+    };
+    let m = opledger_app::ab::manifest("discover", &file, &bands, settings.threads)?;
+    opledger_app::runs::write_discover(&folder, &m, &report)?;
+    let dir = folder.finish()?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if !args.quiet {
+        print!("{}", discover_text(&report));
+        println!("run folder: {}", dir.display());
     }
-    #[cfg(feature = "llama")]
-    {
-        let folder = folder_for(&args.output, "discover", &path)?;
-        let baseline = Knobs::default();
-        let search = args.work.config(
-            args.search_pairs,
-            scenarios.iter().take(1).cloned().collect(),
-        );
-        let bar = steps_bar(args.quiet || args.json);
-        let mut found = Vec::new();
-        for (i, c) in candidates.iter().enumerate() {
-            bar.set_length(candidates.len() as u64);
-            bar.set_position(i as u64);
-            bar.set_message(c.to_string());
-            let r = compare(
-                &model,
-                &baseline,
-                c,
-                &search,
-                &file,
-                &rules,
-                &mut |_, _, _| {},
-            )?;
-            let s = &r[0];
-            found.push(Candidate {
-                knobs: c.clone(),
-                ratio: s.ratio,
-                ratio_lo: s.ratio_lo,
-                ratio_hi: s.ratio_hi,
-                correct: s.correctness.passed,
-            });
-        }
-        bar.finish_and_clear();
-        found.sort_by(|x, y| x.ratio.total_cmp(&y.ratio));
-        let defaults = resolved_defaults(&model, args.work.chunk);
-        let winner = found.iter().find(|c| {
-            c.correct && !c.knobs.without_defaults(&defaults).0.is_empty() && c.ratio < 1.0
-        });
-        let confirmation = match winner {
-            Some(w) => {
-                // knobs the winner sets to their default are no change: confirmed and ablated
-                // without them
-                let w = Candidate {
-                    knobs: w.knobs.without_defaults(&defaults),
-                    ..w.clone()
-                };
-                let cfg = args.work.config(args.pairs, scenarios.clone());
-                Some(ab_with_ablations(
-                    &model,
-                    &baseline,
-                    &w.knobs,
-                    &cfg,
-                    &file,
-                    &rules,
-                    args.quiet || args.json,
-                )?)
-            }
-            None => None,
-        };
-        let report = DiscoverReport {
-            schema_version: DISCOVER_SCHEMA_VERSION,
-            baseline,
-            candidates: found,
-            confirmation,
-        };
-        let text = opledger_report::ab::discover_text(&report);
-        folder.write_json(
-            "manifest.json",
-            &manifest_for("discover", &file, &path, &rules, model.threads())?,
-        )?;
-        folder.write_json("discover.json", &report)?;
-        folder.write("table.txt", text.as_bytes())?;
-        let dir = folder.finish()?;
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
-        } else if !args.quiet {
-            print!("{text}");
-            println!("run folder: {}", dir.display());
-        }
-        // a refused or inconclusive confirmation is not a discovery
-        Ok(report
-            .confirmation
-            .as_ref()
-            .map(ab_exit_code)
-            .unwrap_or(ExitCode::SUCCESS))
-    }
+    // a refused or inconclusive confirmation is not a discovery
+    Ok(super::common::exit(
+        report
+            .outcome()
+            .map_or(opledger_app::outcome::Exit::Ok, of_ab),
+    ))
 }

@@ -1,12 +1,17 @@
-//! Arguments shared by the measuring commands (model, threads, engine settings) and the step
-//! from them to a loaded engine.
+//! Arguments shared by the measuring commands (model, threads, engine settings), the step from
+//! them to the application layer's model and engine settings, the terminal's progress and
+//! notes, and how a finished command's outcome becomes its exit status.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, ValueEnum};
-
-use crate::model_file::ModelFile;
+use indicatif::ProgressBar;
+use opledger_app::engines::{EngineKind, EngineSettings, FlashAttn};
+use opledger_app::model::ModelFile;
+use opledger_app::outcome::Exit;
+use opledger_app::ui::Ui;
 
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
@@ -35,26 +40,83 @@ pub enum FlashAttnArg {
     Off,
 }
 
+/// The engines a measuring command can run.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineArg {
+    /// llama.cpp through its eval callback (feature `llama`).
+    #[value(name = "llama.cpp", alias = "llama")]
+    LlamaCpp,
+    /// A forward pass of candle CPU ops (feature `candle`).
+    Candle,
+    /// A deterministic engine over the model's architecture with known costs (for tests).
+    #[value(hide = true)]
+    Mock,
+}
+
+impl From<EngineArg> for EngineKind {
+    fn from(e: EngineArg) -> EngineKind {
+        match e {
+            EngineArg::LlamaCpp => EngineKind::LlamaCpp,
+            EngineArg::Candle => EngineKind::Candle,
+            EngineArg::Mock => EngineKind::Mock,
+        }
+    }
+}
+
 impl ModelArgs {
     pub fn threads(&self) -> u32 {
-        self.threads.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get() as u32)
-                .unwrap_or(1)
-        })
+        self.threads.unwrap_or_else(super::flags::cpus)
     }
 
     /// The model file: the one given, else the built-in default (written on first use).
     pub fn path(&self) -> Result<PathBuf> {
         match &self.model {
             Some(p) => Ok(p.clone()),
-            None => default_model(),
+            None => {
+                let (path, written) = opledger_app::model::default_model()?;
+                let preset = opledger_app::model::DEFAULT_PRESET;
+                if written {
+                    eprintln!(
+                        "no --model given: wrote the built-in synthetic {preset} model to {}",
+                        path.display()
+                    );
+                } else {
+                    eprintln!(
+                        "no --model given: using the built-in synthetic {preset} model {}",
+                        path.display()
+                    );
+                }
+                Ok(path)
+            }
         }
     }
 
-    /// Validates the file in Rust before any C code sees it.
-    pub fn open(&self) -> Result<ModelFile> {
-        ModelFile::open(&self.path()?)
+    /// Validates the file in Rust before any C code sees it, as `engine` needs (llama.cpp's
+    /// gate, or the structure only), and prints what the gate noted.
+    pub fn open(&self, engine: EngineKind) -> Result<ModelFile> {
+        let path = self.path()?;
+        let file = if engine.needs_llama_gate() {
+            ModelFile::open(&path)?
+        } else {
+            ModelFile::open_structural(&path)?
+        };
+        print_notes(&file);
+        Ok(file)
+    }
+
+    /// The engine settings these arguments ask for.
+    pub fn settings(&self) -> EngineSettings {
+        EngineSettings {
+            threads: self.threads(),
+            flash_attn: match self.flash_attn {
+                FlashAttnArg::Auto => FlashAttn::Auto,
+                FlashAttnArg::On => FlashAttn::On,
+                FlashAttnArg::Off => FlashAttn::Off,
+            },
+            gpu_layers: self.gpu_layers,
+            verbose: self.verbose,
+            ..EngineSettings::new(self.threads())
+        }
     }
 }
 
@@ -67,114 +129,41 @@ pub fn print_notes(file: &ModelFile) {
     }
 }
 
-/// The preset of the built-in default model.
-pub const DEFAULT_PRESET: &str = "tiny-qwen35moe";
+/// Progress on a bar (hidden when quiet or stderr is not a terminal), notes on stderr.
+pub struct Term {
+    bar: ProgressBar,
+}
 
-/// The built-in default model: `runs/models/tiny-qwen35moe.gguf`, synthesised (seed 0) when
-/// missing. The same seed always gives the same bytes, so a file left by an earlier run is the
-/// same model.
-pub fn default_model() -> Result<PathBuf> {
-    let path = PathBuf::from("runs/models").join(format!("{DEFAULT_PRESET}.gguf"));
-    if !path.exists() {
-        std::fs::create_dir_all("runs/models").context("creating runs/models")?;
-        let opts = opledger_gguf::SynthOptions::new(DEFAULT_PRESET);
-        opledger_gguf::synthesize(&opts, &path, &mut |_, _| {})
-            .with_context(|| format!("writing the default model {}", path.display()))?;
-        eprintln!(
-            "no --model given: wrote the built-in synthetic {DEFAULT_PRESET} model to {}",
-            path.display()
-        );
-    } else {
-        eprintln!(
-            "no --model given: using the built-in synthetic {DEFAULT_PRESET} model {}",
-            path.display()
-        );
+impl Term {
+    pub fn new(quiet: bool) -> Term {
+        Term {
+            bar: crate::progress::steps_bar(quiet),
+        }
     }
-    Ok(path)
 }
 
-#[cfg(feature = "llama")]
-pub fn load_llama(args: &ModelArgs, no_repack: bool) -> Result<opledger_llama::LlamaEngine> {
-    use opledger_llama::{FlashAttn, LlamaConfig, LlamaEngine};
-    let model_path = args.path()?;
-    let cfg = LlamaConfig {
-        model_path: model_path.clone(),
-        threads: args.threads(),
-        flash_attn: match args.flash_attn {
-            FlashAttnArg::Auto => FlashAttn::Auto,
-            FlashAttnArg::On => FlashAttn::On,
-            FlashAttnArg::Off => FlashAttn::Off,
-        },
-        gpu_layers: args.gpu_layers,
-        no_repack,
-        ubatch: None,
-        type_k: None,
-        type_v: None,
-        verbose: args.verbose,
-    };
-    LlamaEngine::load(cfg).with_context(|| format!("loading model '{}'", model_path.display()))
+impl Ui for Term {
+    fn progress(&mut self, done: u64, total: u64, what: &str) {
+        self.bar.set_length(total);
+        self.bar.set_position(done);
+        self.bar.set_message(what.to_string());
+    }
+
+    fn note(&mut self, line: &str) {
+        self.bar.suspend(|| eprintln!("{line}"));
+    }
 }
 
-/// The UTC time as a folder-name stamp: 20261201T060858Z.
-pub fn utc_stamp() -> String {
-    humantime::format_rfc3339_seconds(std::time::SystemTime::now())
-        .to_string()
-        .replace(['-', ':'], "")
+impl Drop for Term {
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
+    }
 }
 
-/// The run folder a command writes: `output` when given, else a fresh
-/// `runs/<time>-<kind>-<model file stem>`.
-pub fn run_path(output: Option<&Path>, kind: &str, model: &Path) -> PathBuf {
-    output.map(Path::to_path_buf).unwrap_or_else(|| {
-        let label = model
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
-        opledger_core::run_folder::fresh_run_path(Path::new("runs"), kind, &label, &utc_stamp())
-    })
-}
-
-/// Loads llama.cpp with `args`, overridden by the knobs of an A/B (threads, flash_attn, ubatch,
-/// type_k, type_v, repack).
-#[cfg(feature = "llama")]
-pub fn load_llama_knobs(
-    args: &ModelArgs,
-    knobs: &opledger_core::ab::Knobs,
-) -> Result<opledger_llama::LlamaEngine> {
-    use opledger_llama::{FlashAttn, KvType, LlamaConfig, LlamaEngine};
-    let model_path = args.path()?;
-    let kv = |key: &str| -> Result<Option<KvType>> {
-        knobs
-            .get(key)
-            .map(|v| {
-                KvType::parse(v)
-                    .ok_or_else(|| anyhow::anyhow!("knob {key}={v}: not a KV cache type"))
-            })
-            .transpose()
-    };
-    let cfg = LlamaConfig {
-        model_path: model_path.clone(),
-        threads: knobs
-            .get("threads")
-            .and_then(|t| t.parse().ok())
-            .unwrap_or_else(|| args.threads()),
-        flash_attn: match knobs.get("flash_attn") {
-            Some("on") => FlashAttn::On,
-            Some("off") => FlashAttn::Off,
-            Some(_) => FlashAttn::Auto,
-            None => match args.flash_attn {
-                FlashAttnArg::Auto => FlashAttn::Auto,
-                FlashAttnArg::On => FlashAttn::On,
-                FlashAttnArg::Off => FlashAttn::Off,
-            },
-        },
-        gpu_layers: args.gpu_layers,
-        no_repack: knobs.get("repack") == Some("off"),
-        ubatch: knobs.get("ubatch").and_then(|u| u.parse().ok()),
-        type_k: kv("type_k")?,
-        type_v: kv("type_v")?,
-        verbose: args.verbose,
-    };
-    LlamaEngine::load(cfg)
-        .with_context(|| format!("loading model '{}' with {knobs}", model_path.display()))
+/// Prints the outcome's lines on stderr and turns it into the exit status.
+pub fn exit(outcome: Exit) -> ExitCode {
+    for line in outcome.lines() {
+        eprintln!("{line}");
+    }
+    ExitCode::from(outcome.code())
 }

@@ -1,4 +1,4 @@
-//! `opledger graph`: the census of the graph llama.cpp computes for a chunk at a depth: every
+//! `opledger graph`: the census of the graph an engine computes for a chunk at a depth: every
 //! node in order with its band, counts per op, band, layer kind and distinct shape, and the
 //! cross-check against the architecture.
 
@@ -7,21 +7,20 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use opledger_core::arch::LayerKind;
-use opledger_core::band::Categoriser;
-use opledger_core::census::{census, Census};
+use opledger_app::bands::Bands;
+use opledger_app::engines::{open_engine, EngineKind};
 use opledger_core::engine::Work;
-use opledger_core::node::NodeInfo;
 use opledger_core::run_folder::RunFolder;
-use serde::Serialize;
 
-use super::common::ModelArgs;
-use super::profile::load_rules;
+use super::common::{EngineArg, ModelArgs, Term};
 
 #[derive(Args)]
 pub struct GraphArgs {
     #[command(flatten)]
     model: ModelArgs,
+    /// The engine whose graph to count (one that can capture its graph).
+    #[arg(long, value_enum, default_value_t = EngineArg::LlamaCpp)]
+    engine: EngineArg,
     /// Tokens in the chunk.
     #[arg(short = 'p', long, default_value_t = 512, value_parser = super::flags::at_least_one)]
     chunk: u32,
@@ -49,29 +48,10 @@ pub struct GraphArgs {
     output: Option<PathBuf>,
 }
 
-/// The JSON export: the census and the same node records the profiler stores, with bands.
-#[derive(Serialize)]
-struct GraphExport<'a> {
-    schema_version: u32,
-    /// The architecture as opledger read it: every layer's kind, window, mixer and FFN.
-    arch: &'a opledger_core::arch::ArchInfo,
-    census: &'a Census,
-    nodes: Vec<NodeWithBand<'a>>,
-}
-
-#[derive(Serialize)]
-struct NodeWithBand<'a> {
-    #[serde(flatten)]
-    node: &'a NodeInfo,
-    band: &'a str,
-    by: &'a opledger_core::band::Reason,
-}
-
 pub fn run(args: GraphArgs) -> Result<ExitCode> {
-    let mut model_args = args.model.clone();
-    model_args.model = Some(model_args.path()?);
-    let file = model_args.open()?;
-    let rules = load_rules(args.bands.as_deref(), &file.arch.arch)?;
+    let kind = EngineKind::from(args.engine);
+    let file = args.model.open(kind)?;
+    let bands = Bands::load(args.bands.as_deref(), &file.arch.arch)?;
     let work = Work {
         chunk_tokens: args.chunk,
         depth_tokens: args.depth,
@@ -80,118 +60,68 @@ pub fn run(args: GraphArgs) -> Result<ExitCode> {
         decode_tokens: 0,
         parallel: 1,
     };
-    #[cfg(feature = "llama")]
-    {
-        // No weight repacking: the file stays memory-mapped and only touched pages are read.
-        let mut engine = super::common::load_llama(&model_args, true)?;
-        let capture = engine.capture_graph(&work)?;
-        let graph = capture.nodes;
-        super::profile::warn_unmatched(args.bands.as_deref(), &graph);
-        let arch = &file.arch;
-        let cat = Categoriser::new(&rules, arch);
-        let assignments = cat.categorise(&graph);
-        let c = census(&graph, &assignments, arch, true);
-        let export = GraphExport {
-            schema_version: c.schema_version,
-            arch,
-            census: &c,
-            nodes: graph
-                .iter()
-                .zip(&assignments)
-                .map(|(node, a)| NodeWithBand {
-                    node,
-                    band: &a.band,
-                    by: &a.reason,
-                })
-                .collect(),
-        };
-        if let Some(dir) = &args.output {
-            let folder = RunFolder::create(dir)?;
-            folder.write_json("census.json", &c)?;
-            folder.write_json("graph.json", &export)?;
-            folder.write(
-                "nodes.csv",
-                opledger_report::nodes_csv(&graph, &assignments, &[])?.as_bytes(),
-            )?;
-            for kind in LayerKind::ALL {
-                if let Some(layer) = arch.layers.iter().position(|l| l.kind == kind) {
-                    let title = format!(
-                        "{} layer {layer} ({}) of {}",
-                        kind.as_str(),
-                        arch.arch,
-                        model_args.path()?.display()
-                    );
-                    let dot = opledger_report::census::layer_dot(
-                        &graph,
-                        &assignments,
-                        layer as u32,
-                        &title,
-                    );
-                    folder.write(
-                        &format!("layer-{layer}-{}.dot", kind.as_str()),
-                        dot.as_bytes(),
-                    )?;
-                }
-            }
-            folder.finish()?;
-        }
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&export)?);
-        } else {
-            println!(
-                "graph of {} ({}, {} layers), chunk of {} tokens at depth {}",
-                model_args.path()?.display(),
-                arch.arch,
-                arch.n_layers(),
-                args.chunk,
-                args.depth
-            );
-            println!("layers: {}", arch.layer_summary());
-            for note in file.notes() {
-                println!("note: {note}");
-            }
-            println!(
-                "to get it: model loaded in {:.2} s (memory-mapped, prefetched by llama.cpp, weights not repacked); \
-                 llama.cpp computed {} of the chunk's {} nodes{} in {:.2} s; peak RSS {:.2} GB\n",
-                engine.load_ms() / 1e3,
-                capture.chunk_nodes_computed,
-                graph.len(),
-                if capture.filled_tokens > 0 {
-                    format!(" after filling the context with {} tokens", capture.filled_tokens)
-                } else {
-                    String::new()
-                },
-                capture.wall_ms / 1e3,
-                opledger_core::system::peak_rss_bytes().unwrap_or(0) as f64 / 1e9
-            );
-            if args.nodes {
-                println!(
-                    "{}\n",
-                    opledger_report::census::node_listing(&graph, &assignments)
-                );
-            }
-            print!("{}", opledger_report::census::census_text(&c, args.shapes));
-        }
-        let bad = c.mismatches();
-        if bad.is_empty() {
-            Ok(ExitCode::SUCCESS)
-        } else {
-            for e in bad {
-                eprintln!(
-                    "census mismatch: {} in band {}: expected {} ({}), found {}",
-                    e.op,
-                    e.band,
-                    e.expected.map(|x| x.to_string()).unwrap_or_default(),
-                    e.rule,
-                    e.found
-                );
-            }
-            Ok(ExitCode::from(crate::exit::CHECK_FAILED))
-        }
+    let folder = args.output.as_deref().map(RunFolder::create).transpose()?;
+    // No weight repacking: the file stays memory-mapped and only touched pages are read.
+    let settings = opledger_app::engines::EngineSettings {
+        no_repack: true,
+        ..args.model.settings()
+    };
+    let mut engine = open_engine(kind, &file, &settings)?;
+    let engine_name = engine.info().engine;
+    let g = {
+        let mut ui = Term::new(true);
+        opledger_app::graph::run(engine.as_mut(), &file.arch, &bands, &work, &mut ui)?
+    };
+    let arch = &file.arch;
+    let label = file.path().display().to_string();
+    if let Some(folder) = folder {
+        g.write(&folder, arch, &label)?;
+        folder.finish()?;
     }
-    #[cfg(not(feature = "llama"))]
-    {
-        let _ = (rules, work, file, args);
-        anyhow::bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&g.export(arch))?);
+    } else {
+        let graph = &g.capture.nodes;
+        println!(
+            "graph of {label} ({}, {} layers), chunk of {} tokens at depth {}",
+            arch.arch,
+            arch.n_layers(),
+            args.chunk,
+            args.depth
+        );
+        println!("layers: {}", arch.layer_summary());
+        for note in file.notes() {
+            println!("note: {note}");
+        }
+        let load = g
+            .load_s
+            .map(|s| format!("model loaded in {s:.2} s (weights not repacked); "))
+            .unwrap_or_default();
+        println!(
+            "to get it: {load}{engine_name} computed {} of the chunk's {} nodes{} in {:.2} s; peak RSS {:.2} GB\n",
+            g.capture.chunk_nodes_computed,
+            graph.len(),
+            if g.capture.filled_tokens > 0 {
+                format!(
+                    " after filling the context with {} tokens",
+                    g.capture.filled_tokens
+                )
+            } else {
+                String::new()
+            },
+            g.capture.wall_ms / 1e3,
+            opledger_core::system::peak_rss_bytes().unwrap_or(0) as f64 / 1e9
+        );
+        if args.nodes {
+            println!(
+                "{}\n",
+                opledger_report::census::node_listing(graph, &g.assignments)
+            );
+        }
+        print!(
+            "{}",
+            opledger_report::census::census_text(&g.census, args.shapes)
+        );
     }
+    Ok(super::common::exit(g.exit()))
 }

@@ -2,7 +2,6 @@
 
 pub mod ab;
 pub mod common;
-pub mod engines;
 pub mod flags;
 pub mod graph;
 pub mod ledger;

@@ -1,30 +1,22 @@
-//! `opledger report`: re-render a stored run (profile, sweep, A/B, waste) from its raw data,
-//! without measuring again: one format to stdout, or several into a new write-once folder. The
-//! renderings themselves are pure functions in `opledger_report`; this file reads the folder and
+//! `opledger report`: re-render a stored run of any kind from its raw data, without measuring
+//! again: one format to stdout, or several into a new write-once folder. Reading the folder is
+//! `opledger_app::runs`, the renderings are pure functions in `opledger_report`; this file
 //! decides where the bytes go.
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use opledger_core::ab::{AbReport, AB_SCHEMA_VERSION};
-use opledger_core::manifest::Manifest;
-use opledger_core::node::NodeInfo;
-use opledger_core::profile::{CheckStatus, ProfileRaw};
-use opledger_core::run_folder::{open_complete, read_json, read_versioned, RunFolder};
-use opledger_core::sweep::{load_folder, SweepConfig};
-use opledger_core::waste::WASTE_SCHEMA_VERSION;
+use opledger_core::run_folder::RunFolder;
 use opledger_report::perfetto::TraceTracks;
 use opledger_report::render::{available, file_name};
-use opledger_report::{
-    render, AbView, Format, ProfileView, RenderOptions, RunView, SweepView, WasteView,
-};
+use opledger_report::{render, Format, RenderOptions};
 
 #[derive(Args)]
 pub struct ReportArgs {
-    /// The run folder (a profile, sweep, ab or waste run).
+    /// The run folder (any kind of run).
     run: PathBuf,
     /// Formats, comma-separated. Without -o exactly one, printed on stdout (default: text);
     /// with -o every format the run has unless listed.
@@ -88,85 +80,10 @@ enum TracksArg {
     Layer,
 }
 
-/// What a run folder holds, read from disk; views borrow from it.
-enum Stored {
-    Profile(Manifest, ProfileRaw),
-    Sweep(Manifest, SweepConfig, Vec<NodeInfo>, Option<Vec<NodeInfo>>),
-    Ab(Manifest, AbReport),
-    Waste(Manifest, ProfileRaw, Option<String>),
-}
-
-fn load(dir: &Path) -> Result<Stored> {
-    let m = Manifest::read(&dir.join("manifest.json"))?;
-    Ok(match m.command.as_str() {
-        "profile" => {
-            let raw = ProfileRaw::read(&dir.join("raw.json"))?;
-            Stored::Profile(m, raw)
-        }
-        "sweep" => {
-            let cfg: SweepConfig = read_json(&dir.join("config.json"))?;
-            let graph = read_json(&dir.join("graph.json"))?;
-            let decode_graph = if cfg.decode.is_some() {
-                Some(read_json(&dir.join("decode_graph.json"))?)
-            } else {
-                None
-            };
-            Stored::Sweep(m, cfg, graph, decode_graph)
-        }
-        "ab" => {
-            let mut r: AbReport = read_versioned(&dir.join("ab.json"), AB_SCHEMA_VERSION)?;
-            r.upgrade();
-            Stored::Ab(m, r)
-        }
-        "waste" => {
-            let raw = ProfileRaw::read(&dir.join("raw.json"))?;
-            // where the timings came from is recorded in the summary only
-            let summary: serde_json::Value =
-                read_versioned(&dir.join("summary.json"), WASTE_SCHEMA_VERSION)?;
-            let source = summary
-                .get("source_run")
-                .and_then(|s| s.as_str())
-                .map(String::from);
-            Stored::Waste(m, raw, source)
-        }
-        other => bail!(
-            "{}: a '{other}' run; report renders profile, sweep, ab and waste runs",
-            dir.display()
-        ),
-    })
-}
-
 pub fn run(args: ReportArgs) -> Result<ExitCode> {
-    let dir = open_complete(&args.run)?;
-    let stored = load(&dir)?;
-    let sweep_data;
-    let view = match &stored {
-        Stored::Profile(m, raw) => RunView::Profile(
-            ProfileView::new(m, raw).with_context(|| format!("summarising {}", dir.display()))?,
-        ),
-        Stored::Sweep(m, cfg, graph, decode_graph) => {
-            sweep_data = load_folder(&dir)?;
-            RunView::Sweep(
-                SweepView::new(
-                    m,
-                    cfg,
-                    graph,
-                    decode_graph.as_deref(),
-                    &sweep_data.0,
-                    &sweep_data.1,
-                )
-                .with_context(|| format!("summarising {}", dir.display()))?,
-            )
-        }
-        Stored::Ab(m, r) => RunView::Ab(AbView {
-            manifest: m,
-            report: r,
-        }),
-        Stored::Waste(m, raw, source) => RunView::Waste(
-            WasteView::new(m, raw, source.clone())
-                .with_context(|| format!("analysing {}", dir.display()))?,
-        ),
-    };
+    let stored = opledger_app::runs::read(&args.run)?;
+    let view = opledger_app::runs::view(&stored)
+        .with_context(|| format!("re-rendering {}", args.run.display()))?;
     let opts = RenderOptions {
         trace_tracks: match args.trace_tracks {
             TracksArg::Band => TraceTracks::Band,
@@ -206,43 +123,9 @@ pub fn run(args: ReportArgs) -> Result<ExitCode> {
                 }
             }
             let folder = RunFolder::create(out)?;
-            for &f in &formats {
-                let name = file_name(&view, f).expect("checked above");
-                folder.write(name, &render(&view, f, &opts)?)?;
-            }
+            opledger_app::runs::write_renderings(&folder, "", &view, &formats, &opts)?;
             folder.finish()?;
         }
     }
-    Ok(exit_code(&view))
-}
-
-/// 3 when a check failed (as the measuring command would exit), 4 for an A/B refused by the
-/// correctness gate, 5 for an inconclusive one, else 0.
-fn exit_code(view: &RunView) -> ExitCode {
-    let failed: Vec<(String, String)> = match view {
-        RunView::Profile(v) => v
-            .summary
-            .checks
-            .iter()
-            .filter(|c| c.status == CheckStatus::Fail)
-            .map(|c| (c.name.clone(), c.detail.clone()))
-            .collect(),
-        RunView::Sweep(v) => v
-            .summary
-            .checks
-            .iter()
-            .filter(|c| c.status == CheckStatus::Fail)
-            .map(|c| (c.name.clone(), c.detail.clone()))
-            .collect(),
-        RunView::Ab(v) => return super::ab::ab_exit_code(v.report),
-        RunView::Waste(_) => Vec::new(),
-    };
-    for (name, detail) in &failed {
-        eprintln!("check failed: {name}: {detail}");
-    }
-    if failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(crate::exit::CHECK_FAILED)
-    }
+    Ok(super::common::exit(opledger_app::runs::outcome(&view)))
 }

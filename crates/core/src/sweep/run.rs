@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::record::{mode_name, ChunkRecord, ChunkStore, PassLog, Phase};
 use super::{SweepConfig, SweepError};
-use crate::engine::{Engine, EngineError, Mode};
+use crate::engine::{EngineError, Mode, SweepEngine};
 
 /// Progress of a sweep: (units done, units in all, what is running).
 pub type SweepProgress<'a> = &'a mut dyn FnMut(u64, u64, &str);
@@ -56,7 +56,7 @@ fn stored_units(
 /// TIMED first at odd ones. `graph_len` / `decode_graph_len` are the node counts every TIMED
 /// prefill / decode unit must have.
 pub fn run_sweep(
-    engine: &mut dyn Engine,
+    engine: &mut dyn SweepEngine,
     cfg: &SweepConfig,
     graph_len: usize,
     decode_graph_len: usize,

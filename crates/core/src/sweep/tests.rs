@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::band::BandRules;
-use crate::engine::{ChunkTiming, Engine, EngineError, Mode, Work};
+use crate::engine::{ChunkTiming, Engine, EngineError, Mode, SweepEngine, Work};
 use crate::node::NodeInfo;
 
 /// An engine of two nodes, an attention node that grows linearly with depth and a flat MoE
@@ -87,19 +87,23 @@ impl Engine for DepthMock {
     fn isolation_cost_us(&mut self) -> Result<Option<f64>, EngineError> {
         Ok(Some(self.iso_us))
     }
-    fn calibrate_sweep_decode(
+
+    fn as_sweep(&mut self) -> Option<&mut dyn SweepEngine> {
+        Some(self)
+    }
+}
+
+impl SweepEngine for DepthMock {
+    fn prepare_sweep(
         &mut self,
-    ) -> Result<Option<crate::engine::IsolationCalibration>, EngineError> {
-        Ok(Some(match self.iso_each {
-            Some(each) => crate::engine::IsolationCalibration {
-                per_node_us: (each[0] + each[1]) / 2.0,
-                each_node_us: each.to_vec(),
-            },
-            None => crate::engine::IsolationCalibration {
-                per_node_us: self.iso_reported.unwrap_or(self.iso_us),
-                each_node_us: Vec::new(),
-            },
-        }))
+        _: &Work,
+        _: u32,
+        _: Option<(u32, u32)>,
+    ) -> Result<(), EngineError> {
+        Ok(())
+    }
+    fn sweep_decode_graph(&mut self, _: u32) -> Result<Vec<NodeInfo>, EngineError> {
+        Ok(Vec::new())
     }
     fn start_pass(&mut self, mode: Mode, first: u32) -> Result<(), EngineError> {
         if mode == Mode::Fused && first == 0 {
@@ -108,6 +112,7 @@ impl Engine for DepthMock {
         self.next[slot(mode)] = Some(first);
         Ok(())
     }
+
     fn pass_chunk(&mut self, mode: Mode, index: u32) -> Result<ChunkTiming, EngineError> {
         assert_eq!(self.next[slot(mode)], Some(index), "chunks out of order");
         if self.fail_at == Some((mode, index, Phase::Prefill)) {
@@ -127,6 +132,7 @@ impl Engine for DepthMock {
         };
         Ok(self.timing(mode, attn, moe, hash))
     }
+
     fn pass_decode(
         &mut self,
         mode: Mode,
@@ -161,6 +167,21 @@ impl Engine for DepthMock {
             };
         }
         Ok(t)
+    }
+
+    fn calibrate_sweep_decode(
+        &mut self,
+    ) -> Result<Option<crate::engine::IsolationCalibration>, EngineError> {
+        Ok(Some(match self.iso_each {
+            Some(each) => crate::engine::IsolationCalibration {
+                per_node_us: (each[0] + each[1]) / 2.0,
+                each_node_us: each.to_vec(),
+            },
+            None => crate::engine::IsolationCalibration {
+                per_node_us: self.iso_reported.unwrap_or(self.iso_us),
+                each_node_us: Vec::new(),
+            },
+        }))
     }
 }
 
@@ -581,10 +602,32 @@ impl Engine for SlidingMock {
     fn run(&mut self, _: Mode) -> Result<ChunkTiming, EngineError> {
         unimplemented!()
     }
+
+    fn as_sweep(&mut self) -> Option<&mut dyn SweepEngine> {
+        Some(self)
+    }
+}
+
+impl SweepEngine for SlidingMock {
+    fn prepare_sweep(
+        &mut self,
+        _: &Work,
+        _: u32,
+        _: Option<(u32, u32)>,
+    ) -> Result<(), EngineError> {
+        Ok(())
+    }
+    fn sweep_decode_graph(&mut self, _: u32) -> Result<Vec<NodeInfo>, EngineError> {
+        Ok(Vec::new())
+    }
+    fn pass_decode(&mut self, _: Mode, _: u32, _: u32, _: u32) -> Result<ChunkTiming, EngineError> {
+        unimplemented!("the sliding mock sweeps prefill chunks only")
+    }
     fn start_pass(&mut self, mode: Mode, first: u32) -> Result<(), EngineError> {
         self.next[slot(mode)] = Some(first);
         Ok(())
     }
+
     fn pass_chunk(&mut self, mode: Mode, index: u32) -> Result<ChunkTiming, EngineError> {
         self.next[slot(mode)] = Some(index + 1);
         let depth = (index * self.chunk) as f64;

@@ -1,21 +1,25 @@
 //! Opening a model file for measurement: the Rust validator runs first (nothing reaches llama.cpp
-//! unless it accepted the file), then the architecture is read from its metadata.
+//! unless it accepted the file: the engine takes the gate's token, not a path), then the
+//! architecture is read from its metadata. The built-in default model and the file's identity
+//! for manifests live here too.
 
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use opledger_core::arch::{ArchInfo, Metadata};
-use opledger_gguf::{validate_for_llama, ArchCheck, GgufFile, Value};
+use opledger_gguf::{ArchCheck, GgufFile, LlamaLoadable, Value, WellFormed};
 use serde::Serialize;
 
 /// A validated model file and what opledger knows of it.
 pub struct ModelFile {
     pub gguf: GgufFile,
     pub arch: ArchInfo,
-    /// What the llama.cpp validator checked (and its notes, e.g. tensors it did not check);
-    /// `None` for a file opened for another engine.
-    pub check: Option<ArchCheck>,
+    /// The file as the gate for llama.cpp passed it (its checks and notes, e.g. tensors it did
+    /// not check); `None` for a file opened for another engine only.
+    pub llama: Option<LlamaLoadable>,
+    /// The file with its structure checked, for an engine that reads it itself.
+    pub well_formed: WellFormed,
 }
 
 /// Adapter from the GGUF reader to core's metadata trait.
@@ -50,13 +54,14 @@ impl ModelFile {
     /// reads its architecture. Errors name the file.
     pub fn open(path: &Path) -> Result<ModelFile> {
         let gguf = GgufFile::open(path)?;
-        let check = validate_for_llama(&gguf)?;
+        let llama = LlamaLoadable::gate(&gguf)?;
         let arch = ArchInfo::from_metadata(&GgufMetadata(&gguf))
             .with_context(|| format!("{}: reading the architecture", path.display()))?;
         Ok(ModelFile {
+            well_formed: WellFormed::of(&gguf),
             gguf,
             arch,
-            check: Some(check),
+            llama: Some(llama),
         })
     }
 
@@ -68,20 +73,27 @@ impl ModelFile {
         let arch = ArchInfo::from_metadata(&GgufMetadata(&gguf))
             .with_context(|| format!("{}: reading the architecture", path.display()))?;
         Ok(ModelFile {
+            well_formed: WellFormed::of(&gguf),
             gguf,
             arch,
-            check: None,
+            llama: None,
         })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        self.well_formed.path()
+    }
+
+    /// What the gate for llama.cpp checked, where it ran.
+    pub fn check(&self) -> Option<&ArchCheck> {
+        self.llama.as_ref().map(LlamaLoadable::check)
     }
 
     /// What the gate and the architecture reader noted about the file (what was not checked,
     /// how layer kinds were decided), for printing before a run.
     pub fn notes(&self) -> Vec<String> {
-        let mut notes: Vec<String> = self
-            .check
-            .as_ref()
-            .map(|c| c.notes.clone())
-            .unwrap_or_default();
+        let mut notes: Vec<String> = self.check().map(|c| c.notes.clone()).unwrap_or_default();
         notes.extend(self.arch.notes.iter().cloned());
         notes
     }
@@ -137,4 +149,22 @@ pub fn hash_file(path: &Path) -> Result<FileHash> {
         size_bytes: size,
         blake3: hasher.finalize().to_hex().to_string(),
     })
+}
+
+/// The preset of the built-in default model.
+pub const DEFAULT_PRESET: &str = "tiny-qwen35moe";
+
+/// The built-in default model: `runs/models/tiny-qwen35moe.gguf`, synthesised (seed 0) when
+/// missing, and whether it was written now. The same seed always gives the same bytes, so a
+/// file left by an earlier run is the same model.
+pub fn default_model() -> Result<(PathBuf, bool)> {
+    let path = PathBuf::from("runs/models").join(format!("{DEFAULT_PRESET}.gguf"));
+    if path.exists() {
+        return Ok((path, false));
+    }
+    std::fs::create_dir_all("runs/models").context("creating runs/models")?;
+    let opts = opledger_gguf::SynthOptions::new(DEFAULT_PRESET);
+    opledger_gguf::synthesize(&opts, &path, &mut |_, _| {})
+        .with_context(|| format!("writing the default model {}", path.display()))?;
+    Ok((path, true))
 }

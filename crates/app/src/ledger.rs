@@ -1,0 +1,263 @@
+//! `ledger` (profile two engines on the same model and compare them, by share x wall and by
+//! in-graph replay, with byte and FLOP math against this machine's measured peaks) and
+//! `compare` (two stored profile runs side by side).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use opledger_core::band::Categoriser;
+use opledger_core::engine::{EngineError, EngineInfo, Work};
+use opledger_core::ledger::{band_work, compare, LedgerReport, Side};
+use opledger_core::manifest::Manifest;
+use opledger_core::peaks::Peaks;
+use opledger_core::profile::{analyse, node_medians_us, ProfileConfig, ProfileRaw};
+use opledger_core::replay::{measure_replay, ReplayConfig};
+
+use crate::bands::Bands;
+use crate::engines::{open_engine, EngineKind, EngineSettings};
+use crate::model::ModelFile;
+use crate::outcome::Exit;
+use crate::runs::{read, StoredRun};
+use crate::ui::Ui;
+
+/// What to compare.
+#[derive(Debug, Clone)]
+pub struct LedgerRequest {
+    /// The engine being optimised first, the reference second.
+    pub engines: [EngineKind; 2],
+    pub work: Work,
+    /// Profile cycles (share x wall).
+    pub cycles: u32,
+    pub share: bool,
+    /// In-graph replay with k extra dispatches per node, over this many cycles.
+    pub replay: Option<ReplayConfig>,
+}
+
+/// A ledger run: its manifest, each side's raw profile, and the report.
+pub struct LedgerRun {
+    pub manifest: Manifest,
+    pub raws: Vec<(String, ProfileRaw)>,
+    pub report: LedgerReport,
+}
+
+/// Profiles both engines on `file` and compares them band by band.
+pub fn run(
+    file: &ModelFile,
+    bands: &Bands,
+    settings: &EngineSettings,
+    req: &LedgerRequest,
+    ui: &mut dyn Ui,
+) -> Result<LedgerRun> {
+    let rules = &bands.rules;
+    let cfg = ProfileConfig {
+        work: req.work.clone(),
+        cycles: req.cycles,
+        warmup: 1,
+        overhead_pairs: 0,
+        gate: Default::default(),
+    };
+    let mut sides = Vec::new();
+    let mut replays = Vec::new();
+    let mut raws = Vec::new();
+    let mut notes = Vec::new();
+    let mut peaks: Option<Peaks> = None;
+    for kind in req.engines {
+        let name = kind.name();
+        let mut engine = open_engine(kind, file, settings)?;
+        let raw =
+            opledger_core::profile::measure(engine.as_mut(), &cfg, &mut |phase, done, total| {
+                ui.progress(done as u64, total as u64, &format!("{name}: {phase}"));
+            })
+            .with_context(|| format!("profiling on {name}"))?;
+        let (assignments, summary) = analyse(&raw, rules, &file.arch)?;
+        let info = engine.info();
+        let mut side = Side::from_summary(
+            &format!("{} {}", info.engine, info.version),
+            &file.arch.arch,
+            &summary,
+        );
+        let routed = engine.routed_experts()?;
+        if routed.is_none() && file.arch.is_moe() && kind == EngineKind::LlamaCpp {
+            notes.push(format!(
+                "{name}: expert bytes count every expert (routing unknown)"
+            ));
+        }
+        side.work = band_work(
+            &raw.graph,
+            &assignments,
+            &routed.unwrap_or_default(),
+            &cfg.work,
+        );
+        let mut replay_result = None;
+        if let Some(rc) = &req.replay {
+            match engine.replayer() {
+                Err(EngineError::Lacks { .. }) => {
+                    notes.push(format!("{name}: no in-graph replay (the engine has none)"));
+                }
+                Err(e) => return Err(e.into()),
+                Ok(replayer) => {
+                    replayer.prepare(&cfg.work)?;
+                    let graph = replayer.graph()?;
+                    let a = Categoriser::new(rules, &file.arch).categorise(&graph);
+                    // the bands this engine's graph holds (a generic rule set names more)
+                    let band_names = rules.bands_in(&a);
+                    match measure_replay(
+                        replayer,
+                        &graph,
+                        &a,
+                        &band_names,
+                        cfg.work.tokens_per_run(),
+                        rc,
+                        &mut |done, total, _| {
+                            ui.progress(done as u64, total as u64, &format!("{name}: replay"))
+                        },
+                    ) {
+                        Ok(mut r) => {
+                            r.excluded_share = timed_share(&raw, &r.excluded_inplace);
+                            side.replay_ms_per_token = r
+                                .bands
+                                .iter()
+                                .map(|b| (b.band.clone(), b.ms_per_token))
+                                .collect();
+                            replay_result = Some(r);
+                        }
+                        Err(EngineError::Unsupported { what, why }) => {
+                            notes.push(format!("{name}: no {what} ({why})"));
+                        }
+                        Err(e) => return Err(e).with_context(|| format!("replaying on {name}")),
+                    }
+                }
+            }
+        }
+        if peaks.is_none() {
+            if let Some((gflops, shape)) = engine.gemm_peak()? {
+                peaks = Some(Peaks {
+                    copy_gb_per_s: opledger_core::peaks::copy_bandwidth_gb_per_s(
+                        1 << 30,
+                        settings.threads as usize,
+                        3,
+                    ),
+                    gemm_gflop_per_s: Some(gflops),
+                    gemm_shape: Some(format!("{shape} on {name}")),
+                });
+            }
+        }
+        raws.push((name.to_string(), raw));
+        sides.push(side);
+        replays.push(replay_result);
+    }
+    let b = sides.pop().expect("two sides");
+    let a = sides.pop().expect("two sides");
+    let ledger = compare(a, b, false, peaks.as_ref())?;
+    let replay_b = replays.pop().flatten();
+    let replay_a = replays.pop().flatten();
+    let report = LedgerReport {
+        ledger,
+        replay_a,
+        replay_b,
+        peaks,
+        notes,
+    };
+    let manifest = crate::manifest::manifest(
+        "ledger",
+        file,
+        EngineInfo {
+            engine: format!("{} vs {}", req.engines[0].name(), req.engines[1].name()),
+            version: String::new(),
+            backend: "CPU".into(),
+            threads: settings.threads,
+            settings: Default::default(),
+        },
+        rules,
+    )?;
+    Ok(LedgerRun {
+        manifest,
+        raws,
+        report,
+    })
+}
+
+/// A replay side whose validations failed (outputs changed, replay-all or the sum of bands
+/// outside its bound, k-scaling failed) is a failed check, as the other checks are.
+pub fn exit(report: &LedgerReport) -> Exit {
+    let mut failed = Vec::new();
+    for (side, rr) in [("A", &report.replay_a), ("B", &report.replay_b)] {
+        if let Some(rr) = rr.as_ref().filter(|rr| !rr.reliable) {
+            for c in rr.checks.iter().filter(|c| !c.pass) {
+                failed.push((format!("replay {side} {}", c.name), c.detail.clone()));
+            }
+        }
+    }
+    if failed.is_empty() {
+        Exit::Ok
+    } else {
+        Exit::CheckFailed(failed)
+    }
+}
+
+/// The share of the TIMED node time (median over cycles) spent in the nodes `listed` as
+/// `OP name` (matched by op and name: the profile's and the replay's graphs are built
+/// separately).
+fn timed_share(raw: &ProfileRaw, listed: &[String]) -> f64 {
+    let wanted: std::collections::BTreeSet<&str> = listed.iter().map(String::as_str).collect();
+    let per_node = node_medians_us(raw);
+    let total: f64 = per_node.iter().sum();
+    let hit: f64 = raw
+        .graph
+        .iter()
+        .zip(&per_node)
+        .filter(|(n, _)| wanted.contains(format!("{} {}", n.op, n.name).as_str()))
+        .map(|(_, v)| v)
+        .sum();
+    if total > 0.0 {
+        hit / total
+    } else {
+        0.0
+    }
+}
+
+/// One side of a `compare`: a stored profile run.
+fn side_of_run(dir: &Path) -> Result<Side> {
+    let (m, raw) = match read(dir)? {
+        StoredRun::Profile { manifest, raw } => (manifest, raw),
+        other => bail!(
+            "{}: a '{}' run; compare takes profile runs",
+            dir.display(),
+            other.kind()
+        ),
+    };
+    let (assignments, summary) = analyse(&raw, &m.band_rules, &m.model.arch)?;
+    let mut side = Side::from_summary(
+        &format!(
+            "{} {} · {}",
+            m.engine.engine,
+            m.engine.version,
+            dir.display()
+        ),
+        &m.model.arch.arch,
+        &summary,
+    );
+    side.work = band_work(&raw.graph, &assignments, &BTreeMap::new(), &raw.config.work);
+    Ok(side)
+}
+
+/// Two stored profile runs side by side; `force` compares runs that did not do the same work.
+pub fn compare_runs(a: &Path, b: &Path, force: bool) -> Result<LedgerReport> {
+    let a = side_of_run(a)?;
+    let b = side_of_run(b)?;
+    // stored runs carry no peaks (and may come from another machine): no roofline verdict
+    let ledger = compare(a, b, force, None)?;
+    Ok(LedgerReport {
+        ledger,
+        replay_a: None,
+        replay_b: None,
+        peaks: None,
+        notes: vec![
+            "bytes count every expert of an expert matmul (routing not stored): an upper bound"
+                .into(),
+            "no peaks are measured for stored runs: what limits a band is not judged (`opledger ledger` measures them)"
+                .into(),
+        ],
+    })
+}

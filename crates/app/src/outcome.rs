@@ -1,0 +1,129 @@
+//! What a result means for the command's exit status (README.md, "Exit codes"), in one place:
+//! a failed check, an A/B refused by the correctness gate or left inconclusive by its control,
+//! and the errors that are failed checks rather than bad input.
+
+use opledger_core::ab::Outcome as AbOutcome;
+use opledger_core::profile::{Check, CheckStatus};
+
+/// A check of the run failed (coverage, audit, outputs identical, outputs finite, a census
+/// mismatch, a replay validation): the folder is written, its figures must not be trusted.
+pub const CHECK_FAILED: u8 = 3;
+/// Bad input or usage: an invalid flag value, an unreadable or malformed file, a refused
+/// command; nothing was measured.
+pub const BAD_INPUT: u8 = 2;
+/// The correctness gate refused B: it changes the model's output beyond the tolerance.
+pub const REFUSED: u8 = 4;
+/// The A/A control moved: the noise exceeds the threshold, so no speed verdict stands.
+pub const INCONCLUSIVE: u8 = 5;
+
+/// How a finished command ends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Exit {
+    /// Every check passed or only warned.
+    Ok,
+    /// These checks failed: (name, detail).
+    CheckFailed(Vec<(String, String)>),
+    /// The A/B's correctness gate refused B.
+    Refused,
+    /// The A/B's control moved.
+    Inconclusive,
+}
+
+impl Exit {
+    pub fn code(&self) -> u8 {
+        match self {
+            Exit::Ok => 0,
+            Exit::CheckFailed(_) => CHECK_FAILED,
+            Exit::Refused => REFUSED,
+            Exit::Inconclusive => INCONCLUSIVE,
+        }
+    }
+
+    /// The lines to print on stderr: each failed check, or the A/B's verdict.
+    pub fn lines(&self) -> Vec<String> {
+        match self {
+            Exit::Ok => Vec::new(),
+            Exit::CheckFailed(c) => c
+                .iter()
+                .map(|(name, detail)| format!("check failed: {name}: {detail}"))
+                .collect(),
+            Exit::Refused => vec![format!("verdict: {}", AbOutcome::Refused.words())],
+            Exit::Inconclusive => vec![format!("verdict: {}", AbOutcome::Inconclusive.words())],
+        }
+    }
+
+    /// The worse of two: a failed check, then refused, then inconclusive.
+    pub fn and(self, other: Exit) -> Exit {
+        match (self, other) {
+            (Exit::CheckFailed(mut a), Exit::CheckFailed(b)) => {
+                a.extend(b);
+                Exit::CheckFailed(a)
+            }
+            (a @ Exit::CheckFailed(_), _) | (_, a @ Exit::CheckFailed(_)) => a,
+            (Exit::Refused, _) | (_, Exit::Refused) => Exit::Refused,
+            (Exit::Inconclusive, _) | (_, Exit::Inconclusive) => Exit::Inconclusive,
+            _ => Exit::Ok,
+        }
+    }
+}
+
+/// A run's checks: failed when any failed.
+pub fn of_checks(checks: &[Check]) -> Exit {
+    let failed: Vec<(String, String)> = checks
+        .iter()
+        .filter(|c| c.status == CheckStatus::Fail)
+        .map(|c| (c.name.clone(), c.detail.clone()))
+        .collect();
+    if failed.is_empty() {
+        Exit::Ok
+    } else {
+        Exit::CheckFailed(failed)
+    }
+}
+
+/// An A/B's overall verdict.
+pub fn of_ab(verdict: AbOutcome) -> Exit {
+    match verdict {
+        AbOutcome::Refused => Exit::Refused,
+        AbOutcome::Inconclusive => Exit::Inconclusive,
+        _ => Exit::Ok,
+    }
+}
+
+/// Whether a command's error is a failed check rather than bad input: a run whose logits were
+/// NaN or infinite ("outputs finite") stops the measurement, and exits [`CHECK_FAILED`].
+pub fn is_failed_check(e: &anyhow::Error) -> bool {
+    use opledger_core::engine::EngineError;
+    use opledger_core::sweep::SweepError;
+    let non_finite = |e: &EngineError| matches!(e, EngineError::NonFiniteOutputs { .. });
+    e.chain().any(|c| {
+        c.downcast_ref::<EngineError>().is_some_and(non_finite)
+            || matches!(c.downcast_ref::<SweepError>(), Some(SweepError::Engine(x)) if non_finite(x))
+    })
+}
+
+/// The exit code and the words of a command's error.
+pub fn of_error(e: &anyhow::Error) -> (u8, String) {
+    if is_failed_check(e) {
+        (CHECK_FAILED, format!("check failed: {e:#}"))
+    } else {
+        (BAD_INPUT, format!("error: {e:#}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worst_outcome_wins() {
+        let failed = Exit::CheckFailed(vec![("coverage".into(), "99 %".into())]);
+        assert_eq!(Exit::Ok.and(Exit::Inconclusive), Exit::Inconclusive);
+        assert_eq!(Exit::Inconclusive.and(Exit::Refused), Exit::Refused);
+        assert_eq!(Exit::Refused.and(failed.clone()), failed);
+        assert_eq!(failed.code(), 3);
+        assert_eq!(Exit::Refused.code(), 4);
+        assert_eq!(Exit::Inconclusive.code(), 5);
+        assert_eq!(failed.lines(), ["check failed: coverage: 99 %".to_string()]);
+    }
+}
