@@ -102,19 +102,22 @@ pub struct ReplayResult {
     /// Validation 1: every replayable node replayed once; its increment against the baseline's
     /// work.
     pub replay_all_ms: f64,
+    #[serde(deserialize_with = "nan_when_null")]
     pub replay_all_over_baseline: f64,
     /// Validation 2: the sum of per-band increments against the replay-all increment.
     pub sum_of_bands_ms: f64,
+    #[serde(deserialize_with = "nan_when_null")]
     pub sum_over_replay_all: f64,
     /// Validation 3: the largest band replayed k = 1, 2, 4 times: increment per replay.
     pub scaling_band: String,
     pub scaling_ms_per_replay: Vec<(u32, f64)>,
     /// Largest / smallest of the per-replay costs at k = 1, 2, 4 (infinite when one is not
     /// positive).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "infinite_when_null")]
     pub scaling_spread: f64,
     /// The line through the median total increments at k = 1, 2, 4: slope (ms per replay), R².
     pub scaling_slope_ms: f64,
+    #[serde(deserialize_with = "nan_when_null")]
     pub scaling_r2: f64,
     /// Every replay run returned the baseline's logits bit for bit.
     pub outputs_identical: bool,
@@ -129,6 +132,17 @@ pub struct ReplayResult {
     /// Their share of the TIMED node time, where the caller knows it (else 0).
     #[serde(default)]
     pub excluded_share: f64,
+}
+
+/// serde_json writes a NaN or an infinity as `null`: a ratio over nothing reads back as NaN, so
+/// that a stored ledger whose replay failed round-trips.
+fn nan_when_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// The spread of costs is infinite (stored as `null`) when one cost is not positive.
+fn infinite_when_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
 }
 
 impl ReplayResult {
@@ -720,6 +734,36 @@ mod tests {
                 output_hash: 9,
             })
         }
+    }
+
+    #[test]
+    fn a_failed_replay_with_infinite_and_nan_ratios_round_trips_through_json() {
+        let (graph, a, bands) = four_node_graph();
+        let mut e = Intercept {
+            b: vec![10.0, 30.0, 40.0, 2.0],
+        };
+        let mut r = measure_replay(
+            &mut e,
+            &graph,
+            &a,
+            &bands,
+            100,
+            &ReplayConfig { k: 4, cycles: 3 },
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+        // what a replay drowned in noise gives: a cost that is not positive, ratios over nothing
+        r.scaling_spread = f64::INFINITY;
+        r.scaling_r2 = f64::NAN;
+        r.sum_over_replay_all = f64::NAN;
+        r.replay_all_over_baseline = f64::NAN;
+        let json = serde_json::to_string(&r).unwrap();
+        let back: ReplayResult = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.scaling_spread, f64::INFINITY);
+        assert!(back.scaling_r2.is_nan());
+        assert!(back.sum_over_replay_all.is_nan());
+        assert!(back.replay_all_over_baseline.is_nan());
+        assert_eq!(back.checks, r.checks);
     }
 
     #[test]

@@ -25,9 +25,10 @@ use std::time::Instant;
 
 use llama_cpp_sys_2 as sys;
 
-use crate::context::ThreadPool;
 use crate::error::LlamaError;
+use crate::ggml::{CpuBackend, GgmlContext, Sched};
 use crate::observer::{eval_trampoline, ObserveMode, Observer};
+use crate::threadpool::ThreadPool;
 
 /// How ggml's CPU backend dispatches a node: what the calibration graph mirrors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,39 +120,6 @@ pub fn isolation_from(rounds: &[CalibrationRound], working: &[bool]) -> (f64, f6
     (timed_working, fused_share, each)
 }
 
-/// An owned ggml context (tensor metadata only).
-struct GgmlContext(NonNull<sys::ggml_context>);
-
-impl Drop for GgmlContext {
-    fn drop(&mut self) {
-        // SAFETY: the pointer came from ggml_init and is freed once, after the scheduler that
-        // allocated its tensors (dropped first: declared later).
-        unsafe { sys::ggml_free(self.0.as_ptr()) }
-    }
-}
-
-/// An owned CPU backend.
-struct CpuBackend(NonNull<sys::ggml_backend>);
-
-impl Drop for CpuBackend {
-    fn drop(&mut self) {
-        // SAFETY: the pointer came from ggml_backend_cpu_init and is freed once, after the
-        // scheduler using it.
-        unsafe { sys::ggml_backend_free(self.0.as_ptr()) }
-    }
-}
-
-/// An owned scheduler.
-struct Sched(NonNull<sys::ggml_backend_sched>);
-
-impl Drop for Sched {
-    fn drop(&mut self) {
-        // SAFETY: the pointer came from ggml_backend_sched_new and is freed once; it frees the
-        // buffers it allocated for the graph.
-        unsafe { sys::ggml_backend_sched_free(self.0.as_ptr()) }
-    }
-}
-
 /// Measures the isolation cost on a calibration graph that follows `pattern`, node for node: a
 /// view for an idle node, a trivial SIGMOID (one thread) or ADD (every thread) for a working
 /// one (an empty pattern, or one without work: 64 ADDs); computed `rounds` times each way.
@@ -174,21 +142,8 @@ pub fn isolation_cost(
             + sys::ggml_graph_overhead_custom(nodes + 8, false)
             + nodes * sys::ggml_graph_overhead_custom(1, false)
     };
-    let params = sys::ggml_init_params {
-        mem_size,
-        mem_buffer: std::ptr::null_mut(),
-        no_alloc: true,
-    };
-    // SAFETY: ggml_init with no_alloc makes a context holding metadata only; owned or null.
-    let ctx = GgmlContext(
-        NonNull::new(unsafe { sys::ggml_init(params) })
-            .ok_or_else(|| LlamaError::Invalid("ggml_init failed".into()))?,
-    );
-    // SAFETY: ggml_backend_cpu_init returns an owned backend or null.
-    let backend = CpuBackend(
-        NonNull::new(unsafe { sys::ggml_backend_cpu_init() })
-            .ok_or_else(|| LlamaError::Invalid("ggml_backend_cpu_init failed".into()))?,
-    );
+    let ctx = GgmlContext::metadata(mem_size)?;
+    let backend = CpuBackend::on(pool)?;
     // The instrument, in TIMED mode; boxed so its address stays fixed while ggml holds it.
     let mut observer = Box::new(Observer::new());
     // SAFETY: the backend is ours and the pool outlives this function. The scheduler gets an
@@ -199,8 +154,6 @@ pub fn isolation_cost(
     // touches while the scheduler computes and which outlives the scheduler (dropped after it).
     // Data handed to ggml_backend_tensor_set is exactly the tensors' byte size.
     unsafe {
-        sys::ggml_backend_cpu_set_n_threads(backend.0.as_ptr(), pool.threads() as i32);
-        sys::ggml_backend_cpu_set_threadpool(backend.0.as_ptr(), pool.as_ptr());
         let mut backends = [backend.0.as_ptr()];
         let sched = Sched(
             NonNull::new(sys::ggml_backend_sched_new(

@@ -67,29 +67,54 @@ pub struct LlamaEngine {
     cfg: LlamaConfig,
     model: Arc<Model>,
     pool: Arc<ThreadPool>,
-    /// No instrument: the true native path.
-    plain: Option<Context>,
-    /// The instrument installed.
-    observed: Option<Context>,
+    /// The two contexts of the prepared work.
+    contexts: Option<Contexts>,
     work: Option<Work>,
     chunk: Vec<i32>,
     state: Vec<u8>,
     /// A sweep in progress.
     sweep: Option<SweepState>,
-    /// The op sequence of one decode step of a sweep (`sweep_decode_graph`), which TIMED decode
-    /// steps must follow.
-    decode_graph_ops: Option<Vec<u32>>,
-    /// The ops of the captured graph, to check that TIMED runs compute the same graph.
-    graph_ops: Option<Vec<u32>>,
-    /// How ggml dispatches each node of the captured graph (the calibration graph follows it).
-    graph_dispatch: Vec<crate::calibrate::Dispatch>,
-    /// The same for the graph of a sweep's decode steps.
-    decode_graph_dispatch: Vec<crate::calibrate::Dispatch>,
+    /// The graph of the prepared work, once `graph()` captured it.
+    graph: Option<CapturedGraph>,
+    /// The graph of one decode step of a sweep (`sweep_decode_graph`), which TIMED decode steps
+    /// must follow.
+    decode_graph: Option<CapturedGraph>,
     load_ms: f64,
     /// The mode of the last run, whose context holds the logits.
     last_mode: Option<Mode>,
-    /// The largest node output of the captured graph: the replay scratch buffer's size.
-    replay_scratch_bytes: usize,
+}
+
+/// The two contexts of the prepared work, on one model and thread pool.
+struct Contexts {
+    /// No instrument: the true native path.
+    plain: Context,
+    /// The instrument installed.
+    observed: Context,
+}
+
+/// What the engine keeps of a captured graph.
+#[derive(Debug, Clone)]
+struct CapturedGraph {
+    /// Its ops in order: a TIMED run must compute the same graph.
+    ops: Vec<u32>,
+    /// How ggml dispatches each node (the isolation calibration graph follows it).
+    dispatch: Vec<crate::calibrate::Dispatch>,
+    /// The largest node output: the replay scratch buffer's size.
+    scratch_bytes: usize,
+}
+
+impl CapturedGraph {
+    fn of(nodes: &[NodeInfo], ops: Vec<u32>, all_threads: &[bool]) -> CapturedGraph {
+        CapturedGraph {
+            ops,
+            dispatch: dispatch_of(nodes, all_threads),
+            scratch_bytes: nodes
+                .iter()
+                .map(|n| n.out.size_bytes as usize)
+                .max()
+                .unwrap_or(0),
+        }
+    }
 }
 
 impl LlamaEngine {
@@ -110,19 +135,15 @@ impl LlamaEngine {
             cfg,
             model: Arc::new(model),
             pool: Arc::new(pool),
-            plain: None,
-            observed: None,
+            contexts: None,
             work: None,
             chunk: Vec::new(),
             state: Vec::new(),
             sweep: None,
-            decode_graph_ops: None,
-            graph_ops: None,
-            graph_dispatch: Vec::new(),
-            decode_graph_dispatch: Vec::new(),
+            graph: None,
+            decode_graph: None,
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
             last_mode: None,
-            replay_scratch_bytes: 0,
         })
     }
 
@@ -170,31 +191,27 @@ impl LlamaEngine {
             return Err(LlamaError::Invalid("the chunk has no tokens".into()));
         }
         // Free the old contexts before creating new ones.
-        self.plain = None;
-        self.observed = None;
+        self.contexts = None;
         let plain_params = self.context_params(n_tokens, chunk_tokens, n_seq, false)?;
         let observed_params = self.context_params(n_tokens, chunk_tokens, n_seq, true)?;
-        self.plain = Some(Context::new(
-            self.model.clone(),
-            self.pool.clone(),
-            &plain_params,
-        )?);
-        self.observed = Some(Context::new(
-            self.model.clone(),
-            self.pool.clone(),
-            &observed_params,
-        )?);
-        self.graph_ops = None;
+        self.contexts = Some(Contexts {
+            plain: Context::new(self.model.clone(), self.pool.clone(), &plain_params)?,
+            observed: Context::new(self.model.clone(), self.pool.clone(), &observed_params)?,
+        });
+        self.graph = None;
         self.sweep = None;
         Ok(())
     }
 
     fn context(&mut self, mode: Mode) -> Result<&mut Context, EngineError> {
-        let ctx = match mode {
-            Mode::Fused => self.plain.as_mut(),
-            Mode::FusedObserved | Mode::Timed => self.observed.as_mut(),
-        };
-        ctx.ok_or_else(|| EngineError::Failed("the engine is not prepared".into()))
+        let c = self
+            .contexts
+            .as_mut()
+            .ok_or_else(|| EngineError::Failed("the engine is not prepared".into()))?;
+        Ok(match mode {
+            Mode::Fused => &mut c.plain,
+            Mode::FusedObserved | Mode::Timed => &mut c.observed,
+        })
     }
 
     /// Decodes `tokens` at `pos0` in `mode`'s context (no state restore), timed, and hashes the
@@ -245,16 +262,16 @@ impl LlamaEngine {
                 output_hash,
             });
         }
-        let graph_ops = self.graph_ops.take();
+        let graph = self.graph.take();
         let result = self
-            .read_observer(mode, graph_ops.as_deref())
+            .read_observer(mode, graph.as_ref().map(|g| g.ops.as_slice()))
             .map(|(nodes_seen, node_us)| ChunkTiming {
                 wall_ms,
                 node_us,
                 nodes_seen,
                 output_hash,
             });
-        self.graph_ops = graph_ops;
+        self.graph = graph;
         result
     }
 
@@ -421,12 +438,11 @@ impl LlamaEngine {
             });
         }
         // the scratch size and the node count come from graph() of this very work
-        let expected_nodes = self
-            .graph_ops
+        let (expected_nodes, scratch) = self
+            .graph
             .as_ref()
-            .map(|ops| ops.len() as u32)
+            .map(|g| (g.ops.len() as u32, g.scratch_bytes.max(1)))
             .ok_or_else(|| EngineError::Failed("replay() before graph()".into()))?;
-        let scratch = self.replay_scratch_bytes.max(1);
         let pool = self.pool.clone();
         let chunk = std::mem::take(&mut self.chunk);
         let state = std::mem::take(&mut self.state);
@@ -592,8 +608,8 @@ impl Engine for LlamaEngine {
         }
         settings.insert("system_info".into(), self.backend.system_info());
         settings.insert("model_description".into(), self.model.description());
-        if let Some(ctx) = &self.observed {
-            settings.insert("n_ctx".into(), ctx.n_ctx().to_string());
+        if let Some(c) = &self.contexts {
+            settings.insert("n_ctx".into(), c.observed.n_ctx().to_string());
         }
         EngineInfo {
             engine: "llama.cpp".into(),
@@ -659,13 +675,7 @@ impl Engine for LlamaEngine {
         self.chunk = chunk;
         self.state = state;
         let (nodes, ops, all_threads) = result?;
-        self.graph_ops = Some(ops);
-        self.graph_dispatch = dispatch_of(&nodes, &all_threads);
-        self.replay_scratch_bytes = nodes
-            .iter()
-            .map(|n| n.out.size_bytes as usize)
-            .max()
-            .unwrap_or(0);
+        self.graph = Some(CapturedGraph::of(&nodes, ops, &all_threads));
         Ok(nodes)
     }
 
@@ -703,18 +713,7 @@ impl Engine for LlamaEngine {
     fn calibrate_isolation(
         &mut self,
     ) -> Result<Option<opledger_core::engine::IsolationCalibration>, EngineError> {
-        // a calibration graph dispatched as the captured graph is, node for node
-        let c = crate::calibrate::isolation_cost(&self.pool, &self.graph_dispatch, 5)?;
-        let each_node_us = if c.each_node_us.len() == self.graph_dispatch.len() {
-            c.each_node_us
-        } else {
-            // no graph captured yet: the average for every node
-            Vec::new()
-        };
-        Ok(Some(opledger_core::engine::IsolationCalibration {
-            per_node_us: c.per_node_us,
-            each_node_us,
-        }))
+        calibrate(&self.pool, self.graph.as_ref())
     }
 
     fn routed_experts(&mut self) -> Result<Option<BTreeMap<u32, u32>>, EngineError> {
@@ -938,7 +937,7 @@ impl SweepEngine for LlamaEngine {
                 )))
             }
         }
-        if mode != Mode::Fused && self.decode_graph_ops.is_none() {
+        if mode != Mode::Fused && self.decode_graph.is_none() {
             return Err(EngineError::Failed(
                 "pass_decode() before sweep_decode_graph()".into(),
             ));
@@ -957,7 +956,7 @@ impl SweepEngine for LlamaEngine {
             }
         }
         // TIMED steps follow the decode step's graph, not the prefill chunk's
-        let prefill_ops = std::mem::replace(&mut self.graph_ops, self.decode_graph_ops.clone());
+        let prefill_graph = std::mem::replace(&mut self.graph, self.decode_graph.clone());
         let result = (|| {
             let mut total = ChunkTiming {
                 wall_ms: 0.0,
@@ -995,7 +994,7 @@ impl SweepEngine for LlamaEngine {
             }
             Ok::<_, EngineError>(total)
         })();
-        self.graph_ops = prefill_ops;
+        self.graph = prefill_graph;
         self.pool.pause();
         // the pass continues from sequence 0 as it was
         let ctx = self.context(mode)?;
@@ -1038,8 +1037,7 @@ impl SweepEngine for LlamaEngine {
         })();
         self.pool.pause();
         let (nodes, ops, all_threads) = captured?;
-        self.decode_graph_ops = Some(ops);
-        self.decode_graph_dispatch = dispatch_of(&nodes, &all_threads);
+        self.decode_graph = Some(CapturedGraph::of(&nodes, ops, &all_threads));
         // the passes start from an empty context again
         if let Some(s) = self.sweep.as_mut() {
             s.next = [None, None];
@@ -1050,16 +1048,7 @@ impl SweepEngine for LlamaEngine {
     fn calibrate_sweep_decode(
         &mut self,
     ) -> Result<Option<opledger_core::engine::IsolationCalibration>, EngineError> {
-        let c = crate::calibrate::isolation_cost(&self.pool, &self.decode_graph_dispatch, 5)?;
-        let each_node_us = if c.each_node_us.len() == self.decode_graph_dispatch.len() {
-            c.each_node_us
-        } else {
-            Vec::new()
-        };
-        Ok(Some(opledger_core::engine::IsolationCalibration {
-            per_node_us: c.per_node_us,
-            each_node_us,
-        }))
+        calibrate(&self.pool, self.decode_graph.as_ref())
     }
 }
 
@@ -1114,6 +1103,25 @@ struct SweepState {
 
 /// How each captured node is dispatched (no work, one thread, every thread), for a calibration
 /// graph that is dispatched the same way node for node.
+/// The isolation cost on a calibration graph dispatched as `graph` is, node for node (no graph
+/// captured yet: the average, for every node).
+fn calibrate(
+    pool: &ThreadPool,
+    graph: Option<&CapturedGraph>,
+) -> Result<Option<opledger_core::engine::IsolationCalibration>, EngineError> {
+    let dispatch = graph.map(|g| g.dispatch.as_slice()).unwrap_or(&[]);
+    let c = crate::calibrate::isolation_cost(pool, dispatch, 5)?;
+    let each_node_us = if !dispatch.is_empty() && c.each_node_us.len() == dispatch.len() {
+        c.each_node_us
+    } else {
+        Vec::new()
+    };
+    Ok(Some(opledger_core::engine::IsolationCalibration {
+        per_node_us: c.per_node_us,
+        each_node_us,
+    }))
+}
+
 fn dispatch_of(nodes: &[NodeInfo], all_threads: &[bool]) -> Vec<crate::calibrate::Dispatch> {
     nodes
         .iter()

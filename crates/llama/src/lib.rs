@@ -7,10 +7,12 @@ pub mod calibrate;
 pub mod context;
 pub mod engine;
 pub mod error;
+mod ggml;
 pub mod model;
 pub mod observer;
 pub mod optime;
 pub mod replay;
+pub mod threadpool;
 
 pub use backend::Backend;
 pub use context::{Context, ContextParams, FlashAttn, KvType, ThreadPool};

@@ -12,8 +12,9 @@ use opledger_core::node::{NodeInfo, TensorDesc};
 use opledger_gguf::synth::{fill_chunk, tensor_rng, Fill};
 use opledger_gguf::GgmlType;
 
-use crate::context::ThreadPool;
 use crate::error::LlamaError;
+use crate::ggml::{Buffer, CpuBackend, GgmlContext};
+use crate::threadpool::ThreadPool;
 
 /// The timing of one op alone (the type every op timer returns).
 pub use opledger_core::engine::OpTime;
@@ -41,30 +42,6 @@ fn flush(buf: &mut [u8]) {
     std::hint::black_box(&buf);
 }
 
-struct Ctx(NonNull<sys::ggml_context>);
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        // SAFETY: from ggml_init, freed once, after every buffer allocated for its tensors.
-        unsafe { sys::ggml_free(self.0.as_ptr()) }
-    }
-}
-
-struct Buffer(NonNull<sys::ggml_backend_buffer>);
-impl Drop for Buffer {
-    fn drop(&mut self) {
-        // SAFETY: from ggml_backend_alloc_ctx_tensors_from_buft, freed once.
-        unsafe { sys::ggml_backend_buffer_free(self.0.as_ptr()) }
-    }
-}
-
-struct Backend(NonNull<sys::ggml_backend>);
-impl Drop for Backend {
-    fn drop(&mut self) {
-        // SAFETY: from ggml_backend_cpu_init, freed once.
-        unsafe { sys::ggml_backend_free(self.0.as_ptr()) }
-    }
-}
-
 fn ggml_type_of(name: &str) -> Result<(GgmlType, sys::ggml_type), LlamaError> {
     let t: GgmlType = name
         .parse()
@@ -72,19 +49,10 @@ fn ggml_type_of(name: &str) -> Result<(GgmlType, sys::ggml_type), LlamaError> {
     Ok((t, t.id() as sys::ggml_type))
 }
 
-fn new_ctx(tensors: usize) -> Result<Ctx, LlamaError> {
-    // SAFETY: ggml_tensor_overhead and ggml_graph_overhead are pure size queries; ggml_init with
-    // no_alloc makes a context that holds tensor metadata only.
+fn new_ctx(tensors: usize) -> Result<GgmlContext, LlamaError> {
+    // SAFETY: ggml_tensor_overhead and ggml_graph_overhead are pure size queries.
     let size = unsafe { sys::ggml_tensor_overhead() * (tensors + 8) + sys::ggml_graph_overhead() };
-    let params = sys::ggml_init_params {
-        mem_size: size,
-        mem_buffer: std::ptr::null_mut(),
-        no_alloc: true,
-    };
-    // SAFETY: see above.
-    NonNull::new(unsafe { sys::ggml_init(params) })
-        .map(Ctx)
-        .ok_or_else(|| LlamaError::Invalid("ggml_init failed".into()))
+    GgmlContext::metadata(size)
 }
 
 /// The repacking ("extra") buffer type of the CPU backend, if it has one.
@@ -194,21 +162,16 @@ pub fn time_node(
     };
 
     // SAFETY: every pointer below comes from ggml (contexts, tensors, buffers, backend) and
-    // lives until the end of this function: the Ctx/Buffer/Backend guards free them in reverse
+    // lives until the end of this function: the GgmlContext/Buffer/CpuBackend guards free them in reverse
     // order of creation (buffers before their contexts). Tensor fields are written only on
     // tensors we created, before any computation, mirroring the node's own fields; sizes handed
     // to ggml_backend_tensor_set are the tensors' own ggml_nbytes.
     unsafe {
-        let backend = Backend(
-            NonNull::new(sys::ggml_backend_cpu_init())
-                .ok_or_else(|| LlamaError::Invalid("ggml_backend_cpu_init failed".into()))?,
-        );
-        sys::ggml_backend_cpu_set_n_threads(backend.0.as_ptr(), pool.threads() as i32);
-        sys::ggml_backend_cpu_set_threadpool(backend.0.as_ptr(), pool.as_ptr());
+        let backend = CpuBackend::on(pool)?;
         let cpu_buft = sys::ggml_backend_cpu_buffer_type();
         let dev = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
 
-        let mut keep_ctx: Vec<Ctx> = Vec::new();
+        let mut keep_ctx: Vec<GgmlContext> = Vec::new();
         let mut keep_buf: Vec<Buffer> = Vec::new();
         let mut graphs = Vec::with_capacity(rotation as usize);
         let mut weight_buffer = "CPU".to_string();

@@ -7,8 +7,8 @@ use std::ptr::NonNull;
 
 use llama_cpp_sys_2 as sys;
 
-use crate::context::ThreadPool;
 use crate::error::LlamaError;
+use crate::threadpool::ThreadPool;
 
 /// What a replaying run does at each node: cut the graph there (`cut`), and replay it `k` times
 /// (`replay`). Indices are graph positions in ask order.

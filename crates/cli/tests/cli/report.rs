@@ -2,8 +2,7 @@
 //! written as run folders): every format re-rendered byte for byte twice, several formats into a
 //! new write-once folder, clear refusals.
 
-#[path = "../../report/tests/fixture/mod.rs"]
-mod fixture;
+use crate::fixture;
 
 use assert_cmd::Command;
 use predicates::prelude::*;

@@ -3,8 +3,7 @@
 //! model (architecture: error; keys that match nothing: warning before measuring); stored runs
 //! of a newer or unknown schema version are refused naming the file.
 
-#[path = "../../report/tests/fixture/mod.rs"]
-mod fixture;
+use crate::fixture;
 
 use std::path::Path;
 
