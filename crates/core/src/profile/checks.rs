@@ -4,6 +4,17 @@
 use super::{Check, CheckStatus, ProfileRaw, ProfileSummary, AGREEMENT_GOAL, OVERHEAD_GOAL};
 use crate::band::{Assignment, AuditFinding, UNASSIGNED};
 
+/// The worst status among `checks` (pass when there are none).
+pub fn worst(checks: &[Check]) -> CheckStatus {
+    if checks.iter().any(|c| c.status == CheckStatus::Fail) {
+        CheckStatus::Fail
+    } else if checks.iter().any(|c| c.status == CheckStatus::Warn) {
+        CheckStatus::Warn
+    } else {
+        CheckStatus::Pass
+    }
+}
+
 /// The summary's figures the checks judge.
 pub(super) struct Figures<'a> {
     pub audit: &'a [AuditFinding],

@@ -15,7 +15,7 @@ mod checks;
 mod measure;
 mod summary;
 
-pub use checks::census_check;
+pub use checks::{census_check, worst};
 pub use measure::{measure, measure_with, ProgressFn};
 pub use summary::{analyse, membership, per_cycle_ms_per_token, summarise};
 
@@ -257,13 +257,7 @@ fn one() -> u32 {
 impl ProfileSummary {
     /// The worst status among the checks.
     pub fn worst(&self) -> CheckStatus {
-        if self.checks.iter().any(|c| c.status == CheckStatus::Fail) {
-            CheckStatus::Fail
-        } else if self.checks.iter().any(|c| c.status == CheckStatus::Warn) {
-            CheckStatus::Warn
-        } else {
-            CheckStatus::Pass
-        }
+        worst(&self.checks)
     }
 
     pub fn band(&self, name: &str) -> Option<&BandRow> {
