@@ -3,7 +3,8 @@
 
 use opledger_core::ab::{AbReport, DiscoverReport, Verdict};
 use opledger_core::engine::Work;
-use opledger_core::profile::{Check, CheckStatus};
+use opledger_core::noise::GateStats;
+use opledger_core::profile::{noise_check, Check, CheckStatus};
 
 /// The words of a verdict.
 pub fn verdict_name(v: Verdict) -> &'static str {
@@ -316,29 +317,30 @@ pub fn ab_checks(r: &AbReport) -> Vec<Check> {
             ),
         });
     }
-    let rejected: u32 = r.scenarios.iter().map(|s| s.gate.rejected).sum();
-    let noisy: u32 = r.scenarios.iter().map(|s| s.gate.kept_noisy).sum();
-    out.push(Check {
-        name: "noise".into(),
-        status: if noisy == 0 {
-            CheckStatus::Pass
-        } else {
-            CheckStatus::Warn
-        },
-        detail: format!(
-            "{rejected} runs rejected and retaken because other processes used the CPUs (threshold {:.0} % of one CPU for the busiest other process, and of the machine for all others); {noisy} kept although still noisy; in kept runs the busiest other process used up to {:.0} % of one CPU, all others up to {:.1} % of the machine",
-            r.config.gate.max_others * 100.0,
-            r.scenarios.iter().map(|s| s.gate.max_busiest_kept).fold(0.0, f64::max) * 100.0,
-            r.scenarios.iter().map(|s| s.gate.max_others_kept).fold(0.0, f64::max) * 100.0
-        ),
-    });
+    // every scenario's gate together: runs summed, the busiest kept run over all of them
+    let gate = GateStats {
+        rejected: r.scenarios.iter().map(|s| s.gate.rejected).sum(),
+        kept_noisy: r.scenarios.iter().map(|s| s.gate.kept_noisy).sum(),
+        max_busiest_kept: r
+            .scenarios
+            .iter()
+            .map(|s| s.gate.max_busiest_kept)
+            .fold(0.0, f64::max),
+        max_others_kept: r
+            .scenarios
+            .iter()
+            .map(|s| s.gate.max_others_kept)
+            .fold(0.0, f64::max),
+        ..GateStats::default()
+    };
+    out.push(noise_check(&gate, r.config.gate.max_others));
     out
 }
 
 #[cfg(test)]
 mod tests {
     use opledger_core::ab::{AbConfig, Correctness, Knobs, Outcome, ScenarioResult};
-    use opledger_core::noise::{GateConfig, GateStats};
+    use opledger_core::noise::GateConfig;
 
     use super::*;
 

@@ -3,6 +3,7 @@
 
 use super::{Check, CheckStatus, ProfileRaw, ProfileSummary, AGREEMENT_GOAL, OVERHEAD_GOAL};
 use crate::band::{Assignment, AuditFinding, UNASSIGNED};
+use crate::noise::GateStats;
 
 /// The worst status among `checks` (pass when there are none).
 pub fn worst(checks: &[Check]) -> CheckStatus {
@@ -12,6 +13,28 @@ pub fn worst(checks: &[Check]) -> CheckStatus {
         CheckStatus::Warn
     } else {
         CheckStatus::Pass
+    }
+}
+
+/// The noise gate as a check: runs rejected and retaken, runs kept although still noisy (a
+/// warning), and how busy other processes were in the kept runs; `max_others` is the gate's
+/// threshold.
+pub fn noise_check(gate: &GateStats, max_others: f64) -> Check {
+    Check {
+        name: "noise".into(),
+        status: if gate.kept_noisy == 0 {
+            CheckStatus::Pass
+        } else {
+            CheckStatus::Warn
+        },
+        detail: format!(
+            "{} runs rejected and retaken because other processes used the CPUs (threshold {:.0} % of one CPU for the busiest other process, and of the machine for all others); {} kept although still noisy; in kept runs the busiest other process used up to {:.0} % of one CPU, all others up to {:.1} % of the machine",
+            gate.rejected,
+            max_others * 100.0,
+            gate.kept_noisy,
+            gate.max_busiest_kept * 100.0,
+            gate.max_others_kept * 100.0
+        ),
     }
 }
 
@@ -118,22 +141,7 @@ pub(super) fn checks(raw: &ProfileRaw, assignments: &[Assignment], f: &Figures<'
             },
         },
     ];
-    checks.push(Check {
-        name: "noise".into(),
-        status: if raw.gate.kept_noisy == 0 {
-            CheckStatus::Pass
-        } else {
-            CheckStatus::Warn
-        },
-        detail: format!(
-            "{} runs rejected and retaken because other processes used the CPUs (threshold {:.0} % of one CPU for the busiest other process, and of the machine for all others); {} kept although still noisy; in kept runs the busiest other process used up to {:.0} % of one CPU, all others up to {:.1} % of the machine",
-            raw.gate.rejected,
-            raw.config.gate.max_others * 100.0,
-            raw.gate.kept_noisy,
-            raw.gate.max_busiest_kept * 100.0,
-            raw.gate.max_others_kept * 100.0
-        ),
-    });
+    checks.push(noise_check(&raw.gate, raw.config.gate.max_others));
     if raw.cycles.len() < 3 {
         checks.push(Check {
             name: "cycles".into(),
