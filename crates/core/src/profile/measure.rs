@@ -60,61 +60,19 @@ pub fn measure_with(
     for c in 0..cfg.cycles {
         progress("measuring", c, cfg.cycles);
         let order = ORDERS[c as usize % ORDERS.len()];
-        let (mut fused, mut observed, mut timed) = (None, None, None);
-        for mode in order {
-            let r = crate::noise::gated(&cfg.gate, &mut gate, || engine.run(mode))?;
-            note(mode, r.output_hash);
-            match mode {
-                Mode::Fused => fused = Some(r),
-                Mode::FusedObserved => observed = Some(r),
-                Mode::Timed => timed = Some(r),
-            }
-        }
-        let (Some(fused), Some(observed), Some(timed)) = (fused, observed, timed) else {
-            unreachable!("every order runs the three modes");
-        };
-        if timed.node_us.len() != graph.len() {
-            return Err(EngineError::GraphChanged(format!(
-                "TIMED run timed {} nodes, the graph has {}",
-                timed.node_us.len(),
-                graph.len()
-            )));
-        }
-        let calibration = engine.calibrate_isolation()?;
-        let isolation_us = calibration.as_ref().map(|c| c.per_node_us);
-        let isolation_node_us = calibration
-            .map(|c| c.each_node_us)
-            .filter(|each| each.len() == graph.len())
-            .unwrap_or_default();
-        cycles.push(CycleRecord {
-            order: order.to_vec(),
-            fused_ms: fused.wall_ms,
-            fused_observed_ms: observed.wall_ms,
-            timed_wall_ms: timed.wall_ms,
-            node_us: timed.node_us,
-            isolation_us,
-            isolation_node_us,
-        });
+        cycles.push(measure_cycle(
+            engine,
+            cfg,
+            &mut gate,
+            &mut note,
+            order,
+            graph.len(),
+        )?);
     }
     let mut overhead_pairs = Vec::with_capacity(cfg.overhead_pairs as usize);
     for p in 0..cfg.overhead_pairs {
         progress("overhead pairs", p, cfg.overhead_pairs);
-        let order = if p % 2 == 0 {
-            [Mode::Fused, Mode::FusedObserved]
-        } else {
-            [Mode::FusedObserved, Mode::Fused]
-        };
-        let (mut fused, mut observed) = (0.0, 0.0);
-        for mode in order {
-            let r = crate::noise::gated(&cfg.gate, &mut gate, || engine.run(mode))?;
-            note(mode, r.output_hash);
-            if mode == Mode::Fused {
-                fused = r.wall_ms;
-            } else {
-                observed = r.wall_ms;
-            }
-        }
-        overhead_pairs.push((fused, observed));
+        overhead_pairs.push(overhead_pair(engine, cfg, &mut gate, &mut note, p)?);
     }
     progress("done", 1, 1);
     let node_steps = if cfg.work.is_decode() && !engine.graph_lists_every_step() {
@@ -133,4 +91,78 @@ pub fn measure_with(
         outputs_checked_finite: true,
         node_steps: Some(node_steps),
     })
+}
+
+/// One measured cycle: the three modes in `order` through the noise gate, each run's output
+/// hash shown to `note`, then the engine's isolation calibration.
+fn measure_cycle(
+    engine: &mut dyn Engine,
+    cfg: &ProfileConfig,
+    gate: &mut crate::noise::GateStats,
+    note: &mut dyn FnMut(Mode, u64),
+    order: [Mode; 3],
+    nodes: usize,
+) -> Result<CycleRecord, EngineError> {
+    let (mut fused, mut observed, mut timed) = (None, None, None);
+    for mode in order {
+        let r = crate::noise::gated(&cfg.gate, gate, || engine.run(mode))?;
+        note(mode, r.output_hash);
+        match mode {
+            Mode::Fused => fused = Some(r),
+            Mode::FusedObserved => observed = Some(r),
+            Mode::Timed => timed = Some(r),
+        }
+    }
+    let (Some(fused), Some(observed), Some(timed)) = (fused, observed, timed) else {
+        unreachable!("every order runs the three modes");
+    };
+    if timed.node_us.len() != nodes {
+        return Err(EngineError::GraphChanged(format!(
+            "TIMED run timed {} nodes, the graph has {}",
+            timed.node_us.len(),
+            nodes
+        )));
+    }
+    let calibration = engine.calibrate_isolation()?;
+    let isolation_us = calibration.as_ref().map(|c| c.per_node_us);
+    let isolation_node_us = calibration
+        .map(|c| c.each_node_us)
+        .filter(|each| each.len() == nodes)
+        .unwrap_or_default();
+    Ok(CycleRecord {
+        order: order.to_vec(),
+        fused_ms: fused.wall_ms,
+        fused_observed_ms: observed.wall_ms,
+        timed_wall_ms: timed.wall_ms,
+        node_us: timed.node_us,
+        isolation_us,
+        isolation_node_us,
+    })
+}
+
+/// Extra overhead pair `p`: FUSED and FUSED with the instrument, in alternating order, through
+/// the noise gate; (FUSED ms, FUSED-with-instrument ms).
+fn overhead_pair(
+    engine: &mut dyn Engine,
+    cfg: &ProfileConfig,
+    gate: &mut crate::noise::GateStats,
+    note: &mut dyn FnMut(Mode, u64),
+    p: u32,
+) -> Result<(f64, f64), EngineError> {
+    let order = if p.is_multiple_of(2) {
+        [Mode::Fused, Mode::FusedObserved]
+    } else {
+        [Mode::FusedObserved, Mode::Fused]
+    };
+    let (mut fused, mut observed) = (0.0, 0.0);
+    for mode in order {
+        let r = crate::noise::gated(&cfg.gate, gate, || engine.run(mode))?;
+        note(mode, r.output_hash);
+        if mode == Mode::Fused {
+            fused = r.wall_ms;
+        } else {
+            observed = r.wall_ms;
+        }
+    }
+    Ok((fused, observed))
 }
