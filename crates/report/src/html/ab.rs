@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use opledger_core::ab::Outcome;
+use opledger_core::ab::{AbReport, Outcome};
 
 use super::layout::{checks_section, figure, page, table, text_rows};
 use super::manifest::manifest_section;
@@ -99,6 +99,28 @@ pub(super) fn ab_html(v: &AbView) -> String {
         &bar_chart_svg(&ab_chart(v)),
         "ms per token by band for A and B in every scenario, with the gap (B - A)",
     );
+    scenarios_section(&mut body, r);
+    manifest_section(&mut body, m);
+    page(
+        &format!("opledger A/B · {}", m.model_label()),
+        &format!("A/B on {}", m.model_label()),
+        &[
+            format!("A (baseline): {} · B (candidate): {}", r.a, r.b),
+            format!(
+                "{} · {} · {} {} · {}",
+                m.model_label(),
+                m.model.arch.arch,
+                m.engine.engine,
+                m.engine.version,
+                m.engine.backend
+            ),
+        ],
+        &body,
+    )
+}
+
+/// Every scenario's walls, ratio and verdict, its control and output, then the ablations.
+fn scenarios_section(body: &mut String, r: &AbReport) {
     body.push_str("<section id=\"scenarios\"><h2>Scenarios</h2>\n");
     let med = |x: &[f64]| opledger_core::stats::median(x).unwrap_or(f64::NAN);
     let rows: Vec<Vec<String>> = r
@@ -128,7 +150,7 @@ pub(super) fn ab_html(v: &AbView) -> String {
         })
         .collect();
     table(
-        &mut body,
+        body,
         &[
             "scenario",
             "A ms",
@@ -148,54 +170,41 @@ pub(super) fn ab_html(v: &AbView) -> String {
         r.config.pairs,
         r.config.min_effect * 100.0
     );
-    if !r.ablations.is_empty() {
-        body.push_str(
-            "<h3>Ablations: B with one change turned back, against A, first scenario</h3>\n",
-        );
-        let rows: Vec<Vec<String>> = r
-            .ablations
-            .iter()
-            .map(|a| {
-                vec![
-                    a.reverted.clone(),
-                    a.knobs.to_string(),
-                    format!("{:.3}", a.ratio),
-                    format!("[{:.3}–{:.3}]", a.ratio_lo, a.ratio_hi),
-                    verdict_name(a.verdict).into(),
-                    if a.correct { "same" } else { "CHANGED" }.into(),
-                ]
-            })
-            .collect();
-        table(
-            &mut body,
-            &[
-                "without",
-                "knobs",
-                "B/A",
-                "95 % interval",
-                "verdict",
-                "output",
-            ],
-            &[false, false, true, true, false, false],
-            &text_rows(rows),
-        );
-    }
+    ablations_table(body, r);
     body.push_str("</section>\n");
-    manifest_section(&mut body, m);
-    page(
-        &format!("opledger A/B · {}", m.model_label()),
-        &format!("A/B on {}", m.model_label()),
+}
+
+/// B with one change turned back, against A, on the first scenario.
+fn ablations_table(body: &mut String, r: &AbReport) {
+    if r.ablations.is_empty() {
+        return;
+    }
+    body.push_str("<h3>Ablations: B with one change turned back, against A, first scenario</h3>\n");
+    let rows: Vec<Vec<String>> = r
+        .ablations
+        .iter()
+        .map(|a| {
+            vec![
+                a.reverted.clone(),
+                a.knobs.to_string(),
+                format!("{:.3}", a.ratio),
+                format!("[{:.3}–{:.3}]", a.ratio_lo, a.ratio_hi),
+                verdict_name(a.verdict).into(),
+                if a.correct { "same" } else { "CHANGED" }.into(),
+            ]
+        })
+        .collect();
+    table(
+        body,
         &[
-            format!("A (baseline): {} · B (candidate): {}", r.a, r.b),
-            format!(
-                "{} · {} · {} {} · {}",
-                m.model_label(),
-                m.model.arch.arch,
-                m.engine.engine,
-                m.engine.version,
-                m.engine.backend
-            ),
+            "without",
+            "knobs",
+            "B/A",
+            "95 % interval",
+            "verdict",
+            "output",
         ],
-        &body,
-    )
+        &[false, false, true, true, false, false],
+        &text_rows(rows),
+    );
 }
