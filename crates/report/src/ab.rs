@@ -3,6 +3,8 @@
 
 use opledger_core::ab::{AbReport, DiscoverReport, Verdict};
 use opledger_core::engine::Work;
+use opledger_core::noise::GateStats;
+use opledger_core::profile::{noise_check, Check, CheckStatus};
 
 /// The words of a verdict.
 pub fn verdict_name(v: Verdict) -> &'static str {
@@ -271,4 +273,150 @@ pub fn discover_text(r: &DiscoverReport) -> String {
         }
     }
     out
+}
+
+/// The checks of an A/B: the correctness gate and the control of every scenario, the noise gate.
+pub fn ab_checks(r: &AbReport) -> Vec<Check> {
+    let mut out = Vec::new();
+    for s in &r.scenarios {
+        let c = &s.correctness;
+        out.push(Check {
+            name: format!("output · {}", scenario_label(&s.work)),
+            status: if c.passed {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Fail
+            },
+            detail: format!(
+                "{}: top-1 token the same in {}/{} rows, largest relative logit difference {:.1e} (tolerance {:.1e}), lowest cosine {:.5}",
+                if c.passed { "same output" } else { "the output CHANGED" },
+                c.same_top1,
+                c.rows,
+                c.max_rel_error,
+                r.config.tolerance.max_rel_error,
+                c.min_cosine
+            ),
+        });
+    }
+    for s in &r.scenarios {
+        out.push(Check {
+            name: format!("control · {}", scenario_label(&s.work)),
+            // anything but "no change" makes the scenario inconclusive (Verdict::of_scenario)
+            status: if s.control_verdict == Verdict::NoChange {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Fail
+            },
+            detail: format!(
+                "A against itself (its two halves): {:.3} [{:.3}–{:.3}], {} (must show no change, within ±{:.0} %; otherwise the scenario is inconclusive)",
+                s.control_ratio,
+                s.control_lo,
+                s.control_hi,
+                verdict_name(s.control_verdict),
+                r.config.min_effect * 100.0
+            ),
+        });
+    }
+    // every scenario's gate together: runs summed, the busiest kept run over all of them
+    let gate = GateStats {
+        rejected: r.scenarios.iter().map(|s| s.gate.rejected).sum(),
+        kept_noisy: r.scenarios.iter().map(|s| s.gate.kept_noisy).sum(),
+        max_busiest_kept: r
+            .scenarios
+            .iter()
+            .map(|s| s.gate.max_busiest_kept)
+            .fold(0.0, f64::max),
+        max_others_kept: r
+            .scenarios
+            .iter()
+            .map(|s| s.gate.max_others_kept)
+            .fold(0.0, f64::max),
+        ..GateStats::default()
+    };
+    out.push(noise_check(&gate, r.config.gate.max_others));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use opledger_core::ab::{AbConfig, Correctness, Knobs, Outcome, ScenarioResult};
+    use opledger_core::noise::GateConfig;
+
+    use super::*;
+
+    fn report(passed: bool, control: Verdict, kept_noisy: u32) -> AbReport {
+        let work = Work::prefill(64, 0);
+        AbReport {
+            schema_version: opledger_core::ab::AB_SCHEMA_VERSION,
+            a: Knobs::default(),
+            b: Knobs::default(),
+            config: AbConfig {
+                scenarios: vec![work.clone()],
+                pairs: 4,
+                gate: GateConfig::default(),
+                tolerance: Default::default(),
+                min_effect: 0.02,
+                resamples: 100,
+                seed: 1,
+            },
+            scenarios: vec![ScenarioResult {
+                work,
+                a_ms: vec![10.0; 4],
+                b_ms: vec![9.0; 4],
+                ratio: 0.9,
+                ratio_lo: 0.89,
+                ratio_hi: 0.91,
+                verdict: Verdict::Faster,
+                control_ratio: 1.0,
+                control_lo: 0.99,
+                control_hi: 1.01,
+                control_verdict: control,
+                correctness: Correctness {
+                    rows: 1,
+                    same_top1: u32::from(passed),
+                    max_rel_error: 1e-3,
+                    min_cosine: 0.9999,
+                    passed,
+                },
+                ledger: Vec::new(),
+                gate: GateStats {
+                    kept_noisy,
+                    ..GateStats::default()
+                },
+            }],
+            ablations: Vec::new(),
+            verdict: Outcome::Faster,
+        }
+    }
+
+    fn statuses(r: &AbReport) -> Vec<(String, CheckStatus)> {
+        ab_checks(r)
+            .into_iter()
+            .map(|c| (c.name, c.status))
+            .collect()
+    }
+
+    #[test]
+    fn a_clean_ab_passes_output_control_and_noise() {
+        let s = statuses(&report(true, Verdict::NoChange, 0));
+        let names: Vec<&str> = s.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["output · prefill 64 @0", "control · prefill 64 @0", "noise"],
+            "one output and one control check per scenario, then the noise gate"
+        );
+        assert!(s.iter().all(|(_, st)| *st == CheckStatus::Pass));
+    }
+
+    #[test]
+    fn a_changed_output_or_a_moving_control_fails_and_noise_warns() {
+        let s = statuses(&report(false, Verdict::Slower, 1));
+        let st: Vec<CheckStatus> = s.iter().map(|(_, st)| *st).collect();
+        assert_eq!(
+            st,
+            [CheckStatus::Fail, CheckStatus::Fail, CheckStatus::Warn]
+        );
+        let detail = &ab_checks(&report(false, Verdict::NoChange, 0))[0].detail;
+        assert!(detail.starts_with("the output CHANGED"), "{detail}");
+    }
 }

@@ -11,6 +11,7 @@ pub mod html;
 pub mod ledger;
 pub mod nodes;
 pub mod ops;
+pub mod palette;
 pub mod perfetto;
 pub mod profile;
 pub mod render;

@@ -39,11 +39,7 @@ pub struct Bar {
     pub range: Option<(f64, f64)>,
 }
 
-/// `#rrggbb` of a band's colour, the same as the sweep chart's.
-pub fn band_colour(band: &str) -> String {
-    let c = crate::sweep::band_rgb(band);
-    format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2)
-}
+pub use crate::palette::band_colour;
 
 /// Escapes text for XML (and HTML) content and attribute values.
 pub fn esc(s: &str) -> String {

@@ -261,19 +261,7 @@ pub fn sweep_csv(s: &SweepSummary) -> Result<String, csv::Error> {
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-/// Colours of the bands, fixed by name so charts of different runs match.
-/// The one band palette: every chart, table swatch and DOT graph colours a band this way.
-pub fn band_rgb(band: &str) -> RGBColor {
-    match band {
-        "attention" => RGBColor(0xe4, 0x57, 0x2e),
-        "linear_attention" => RGBColor(0x29, 0x33, 0x5c),
-        "projections" => RGBColor(0xf3, 0xa7, 0x12),
-        "moe" => RGBColor(0x66, 0x9b, 0xbc),
-        "dense_ffn" => RGBColor(0x7b, 0x5e, 0xa7),
-        "other" => RGBColor(0x8a, 0xa6, 0x6f),
-        _ => RGBColor(0x99, 0x99, 0x99),
-    }
-}
+pub use crate::palette::band_rgb;
 
 /// An SVG chart: ms/token per band (points and lines) against depth, the fitted lines dashed,
 /// the attention band by layer kind dotted, the crossover marked; a second panel for the decode

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use opledger_core::band::Assignment;
 use opledger_core::manifest::Manifest;
 use opledger_core::node::NodeInfo;
+use opledger_core::profile::{Check, CheckStatus, ProfileRaw};
 use opledger_core::waste::{Kept, NodeNeed, WasteSummary};
 
 use crate::table::{markdown_table, text_table, Align};
@@ -327,6 +328,54 @@ pub fn waste_nodes_csv(
     }
     let bytes = w.into_inner().map_err(|e| e.into_error())?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The checks of a waste page: the timings' own cross-checks (from the same raw data), then
+/// ops without a row rule and sinks kept whole.
+pub fn checks(m: &Manifest, raw: &ProfileRaw, s: &WasteSummary) -> Vec<Check> {
+    // the timings' own cross-checks, from the same raw data
+    let mut checks = match opledger_core::profile::analyse(raw, &m.band_rules, &m.model.arch) {
+        Ok((_, p)) => p.checks,
+        Err(e) => vec![Check {
+            name: "timings".into(),
+            status: CheckStatus::Fail,
+            detail: e.to_string(),
+        }],
+    };
+    checks.push(Check {
+        name: "ops without a rule".into(),
+        status: if s.unknown_ops.is_empty() {
+            CheckStatus::Pass
+        } else {
+            CheckStatus::Warn
+        },
+        detail: if s.unknown_ops.is_empty() {
+            "every op of the graph has a row rule".into()
+        } else {
+            format!(
+                "{} op(s) treated as needing every row (waste never claimed for them)",
+                s.unknown_ops.len()
+            )
+        },
+    });
+    checks.push(Check {
+        name: "sinks".into(),
+        status: if s.kept.other_sinks.is_empty() {
+            CheckStatus::Pass
+        } else {
+            CheckStatus::Warn
+        },
+        detail: if s.kept.other_sinks.is_empty() {
+            "every output is the logits or a cache write".into()
+        } else {
+            format!(
+                "{} other sink(s) kept whole to be safe: {}",
+                s.kept.other_sinks.len(),
+                s.kept.other_sinks.join(", ")
+            )
+        },
+    });
+    checks
 }
 
 #[cfg(test)]

@@ -1,0 +1,214 @@
+//! The checks of a profile summary: coverage, audit, the census, agreement, overhead, outputs
+//! identical and finite, the noise gate, enough cycles.
+
+use super::{Check, CheckStatus, ProfileRaw, ProfileSummary, AGREEMENT_GOAL, OVERHEAD_GOAL};
+use crate::band::{Assignment, AuditFinding, UNASSIGNED};
+use crate::noise::GateStats;
+
+/// The worst status among `checks` (pass when there are none).
+pub fn worst(checks: &[Check]) -> CheckStatus {
+    if checks.iter().any(|c| c.status == CheckStatus::Fail) {
+        CheckStatus::Fail
+    } else if checks.iter().any(|c| c.status == CheckStatus::Warn) {
+        CheckStatus::Warn
+    } else {
+        CheckStatus::Pass
+    }
+}
+
+/// The noise gate as a check: runs rejected and retaken, runs kept although still noisy (a
+/// warning), and how busy other processes were in the kept runs; `max_others` is the gate's
+/// threshold.
+pub fn noise_check(gate: &GateStats, max_others: f64) -> Check {
+    Check {
+        name: "noise".into(),
+        status: if gate.kept_noisy == 0 {
+            CheckStatus::Pass
+        } else {
+            CheckStatus::Warn
+        },
+        detail: format!(
+            "{} runs rejected and retaken because other processes used the CPUs (threshold {:.0} % of one CPU for the busiest other process, and of the machine for all others); {} kept although still noisy; in kept runs the busiest other process used up to {:.0} % of one CPU, all others up to {:.1} % of the machine",
+            gate.rejected,
+            max_others * 100.0,
+            gate.kept_noisy,
+            gate.max_busiest_kept * 100.0,
+            gate.max_others_kept * 100.0
+        ),
+    }
+}
+
+/// The summary's figures the checks judge.
+pub(super) struct Figures<'a> {
+    pub audit: &'a [AuditFinding],
+    /// The share of the TIMED time in a band, and the `unassigned` band's ms/token.
+    pub coverage: f64,
+    pub unassigned_ms: f64,
+    /// Medians of sum TIMED / FUSED - 1 and of FUSED-with-instrument / FUSED.
+    pub agreement: f64,
+    pub overhead: f64,
+    /// Every run of every mode computed bit-identical logits.
+    pub identical: bool,
+}
+
+/// The checks of a summary, in the order they are shown (the census goes in later, after
+/// coverage and audit: [`ProfileSummary::add_census_check`]).
+pub(super) fn checks(raw: &ProfileRaw, assignments: &[Assignment], f: &Figures<'_>) -> Vec<Check> {
+    let Figures {
+        audit,
+        coverage,
+        unassigned_ms,
+        identical,
+        ..
+    } = *f;
+    let mut checks = vec![
+        Check {
+            name: "coverage".into(),
+            status: if unassigned_ms == 0.0 && coverage >= 1.0 {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Fail
+            },
+            detail: format!(
+                "{:.2} % of TIMED time is in a band ({} nodes unassigned)",
+                coverage * 100.0,
+                assignments.iter().filter(|a| a.band == UNASSIGNED).count()
+            ),
+        },
+        Check {
+            name: "audit".into(),
+            status: if audit.is_empty() {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Fail
+            },
+            detail: if audit.is_empty() {
+                "every matmul sits in a band its layer kind allows".into()
+            } else {
+                format!("{} matmuls in a band their layer kind forbids", audit.len())
+            },
+        },
+        Check {
+            name: "agreement".into(),
+            status: if f.agreement.abs() <= AGREEMENT_GOAL {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Warn
+            },
+            detail: format!(
+                "sum TIMED / FUSED - 1 = {:+.2} % (goal within ±{:.0} %)",
+                f.agreement * 100.0,
+                AGREEMENT_GOAL * 100.0
+            ),
+        },
+        Check {
+            name: "overhead".into(),
+            status: if f.overhead <= OVERHEAD_GOAL {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Warn
+            },
+            detail: format!(
+                "FUSED with instrument / without = {:.4} (goal ≤ {OVERHEAD_GOAL})",
+                f.overhead
+            ),
+        },
+        Check {
+            name: "outputs".into(),
+            status: if identical {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Fail
+            },
+            detail: if identical {
+                "every run of every mode returned bit-identical logits".into()
+            } else {
+                "runs returned different logits".into()
+            },
+        },
+        Check {
+            name: "finite".into(),
+            status: if raw.outputs_checked_finite {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Warn
+            },
+            detail: if raw.outputs_checked_finite {
+                "every run of every mode returned finite logits (a NaN or infinite logit stops the measurement, exit 3)".into()
+            } else {
+                "not checked: the run was recorded before logits were checked for NaN and infinity"
+                    .into()
+            },
+        },
+    ];
+    checks.push(noise_check(&raw.gate, raw.config.gate.max_others));
+    if raw.cycles.len() < 3 {
+        checks.push(Check {
+            name: "cycles".into(),
+            status: CheckStatus::Warn,
+            detail: format!(
+                "{} cycle(s): medians of fewer than 3 are fragile",
+                raw.cycles.len()
+            ),
+        });
+    }
+    checks
+}
+
+impl ProfileSummary {
+    /// Adds the census check after coverage and audit.
+    pub fn add_census_check(&mut self, c: &crate::census::Census) {
+        let at = self.checks.len().min(2);
+        self.checks.insert(at, census_check(c));
+    }
+}
+
+/// The census of the graph against the architecture, as a check: a predicted count that does
+/// not hold fails the run; rows nothing predicts are said to be so.
+pub fn census_check(c: &crate::census::Census) -> Check {
+    let bad = c.mismatches();
+    let (predicted, _) = c.predicted();
+    let unpredicted = c.expectations.len() - predicted;
+    let not_predicted = if unpredicted > 0 {
+        format!(
+            "; {unpredicted} {} not predicted for {}",
+            if unpredicted == 1 { "row" } else { "rows" },
+            c.arch
+        )
+    } else {
+        String::new()
+    };
+    Check {
+        name: "census".into(),
+        status: if bad.is_empty() {
+            CheckStatus::Pass
+        } else {
+            CheckStatus::Fail
+        },
+        detail: if bad.is_empty() {
+            format!(
+                "the graph's {} working nodes hold the {predicted} op counts the architecture \
+                 predicts{not_predicted}",
+                c.total.working
+            )
+        } else {
+            let items: Vec<String> = bad
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{} in {}: expected {}, found {}",
+                        e.op,
+                        e.band,
+                        e.expected.map(|x| x.to_string()).unwrap_or_default(),
+                        e.found
+                    )
+                })
+                .collect();
+            format!(
+                "{} of {predicted} predicted counts differ: {}{not_predicted}",
+                bad.len(),
+                items.join("; ")
+            )
+        },
+    }
+}

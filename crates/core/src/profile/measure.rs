@@ -1,0 +1,168 @@
+//! The measurement loop: prepare, capture the graph, warm up, then cycles of FUSED,
+//! FUSED-observed and TIMED in rotating orders, and the extra overhead pairs.
+
+use std::collections::BTreeMap;
+
+use super::{CycleRecord, ProfileConfig, ProfileRaw, PROFILE_SCHEMA_VERSION};
+use crate::engine::{Engine, EngineError, Mode};
+use crate::node::NodeInfo;
+
+/// The orders cycles rotate through: FUSED and FUSED-observed stay adjacent (their ratio is the
+/// overhead), and each mode takes each position.
+pub(super) const ORDERS: [[Mode; 3]; 4] = [
+    [Mode::Fused, Mode::FusedObserved, Mode::Timed],
+    [Mode::FusedObserved, Mode::Fused, Mode::Timed],
+    [Mode::Timed, Mode::Fused, Mode::FusedObserved],
+    [Mode::Timed, Mode::FusedObserved, Mode::Fused],
+];
+
+/// Progress of a measurement: (phase, done, total).
+pub type ProgressFn<'a> = &'a mut dyn FnMut(&str, u32, u32);
+
+/// Prepares the work, captures the graph, warms up, then measures `cycles` cycles.
+pub fn measure(
+    engine: &mut dyn Engine,
+    cfg: &ProfileConfig,
+    progress: ProgressFn<'_>,
+) -> Result<ProfileRaw, EngineError> {
+    measure_with(engine, cfg, progress, &mut |_| {})
+}
+
+/// [`measure`], with `on_graph` shown the captured graph before the warm-up and the measured
+/// cycles (to check a band file against it, say).
+pub fn measure_with(
+    engine: &mut dyn Engine,
+    cfg: &ProfileConfig,
+    progress: ProgressFn<'_>,
+    on_graph: &mut dyn FnMut(&[NodeInfo]),
+) -> Result<ProfileRaw, EngineError> {
+    progress("filling context", 0, 1);
+    engine.prepare(&cfg.work)?;
+    progress("capturing graph", 0, 1);
+    let graph = engine.graph()?;
+    on_graph(&graph);
+    let mut hashes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut note = |mode: Mode, h: u64| {
+        let list = hashes.entry(mode.label().to_string()).or_default();
+        let h = format!("{h:016x}");
+        if !list.contains(&h) {
+            list.push(h);
+        }
+    };
+    for w in 0..cfg.warmup {
+        progress("warm-up", w, cfg.warmup);
+        for mode in ORDERS[0] {
+            engine.run(mode)?;
+        }
+    }
+    let mut gate = crate::noise::GateStats::default();
+    let mut cycles = Vec::with_capacity(cfg.cycles as usize);
+    for c in 0..cfg.cycles {
+        progress("measuring", c, cfg.cycles);
+        let order = ORDERS[c as usize % ORDERS.len()];
+        cycles.push(measure_cycle(
+            engine,
+            cfg,
+            &mut gate,
+            &mut note,
+            order,
+            graph.len(),
+        )?);
+    }
+    let mut overhead_pairs = Vec::with_capacity(cfg.overhead_pairs as usize);
+    for p in 0..cfg.overhead_pairs {
+        progress("overhead pairs", p, cfg.overhead_pairs);
+        overhead_pairs.push(overhead_pair(engine, cfg, &mut gate, &mut note, p)?);
+    }
+    progress("done", 1, 1);
+    let node_steps = if cfg.work.is_decode() && !engine.graph_lists_every_step() {
+        cfg.work.decode_tokens
+    } else {
+        1
+    };
+    Ok(ProfileRaw {
+        schema_version: PROFILE_SCHEMA_VERSION,
+        config: cfg.clone(),
+        graph,
+        cycles,
+        output_hashes: hashes,
+        overhead_pairs,
+        gate,
+        outputs_checked_finite: true,
+        node_steps: Some(node_steps),
+    })
+}
+
+/// One measured cycle: the three modes in `order` through the noise gate, each run's output
+/// hash shown to `note`, then the engine's isolation calibration.
+fn measure_cycle(
+    engine: &mut dyn Engine,
+    cfg: &ProfileConfig,
+    gate: &mut crate::noise::GateStats,
+    note: &mut dyn FnMut(Mode, u64),
+    order: [Mode; 3],
+    nodes: usize,
+) -> Result<CycleRecord, EngineError> {
+    let (mut fused, mut observed, mut timed) = (None, None, None);
+    for mode in order {
+        let r = crate::noise::gated(&cfg.gate, gate, || engine.run(mode))?;
+        note(mode, r.output_hash);
+        match mode {
+            Mode::Fused => fused = Some(r),
+            Mode::FusedObserved => observed = Some(r),
+            Mode::Timed => timed = Some(r),
+        }
+    }
+    let (Some(fused), Some(observed), Some(timed)) = (fused, observed, timed) else {
+        unreachable!("every order runs the three modes");
+    };
+    if timed.node_us.len() != nodes {
+        return Err(EngineError::GraphChanged(format!(
+            "TIMED run timed {} nodes, the graph has {}",
+            timed.node_us.len(),
+            nodes
+        )));
+    }
+    let calibration = engine.calibrate_isolation()?;
+    let isolation_us = calibration.as_ref().map(|c| c.per_node_us);
+    let isolation_node_us = calibration
+        .map(|c| c.each_node_us)
+        .filter(|each| each.len() == nodes)
+        .unwrap_or_default();
+    Ok(CycleRecord {
+        order: order.to_vec(),
+        fused_ms: fused.wall_ms,
+        fused_observed_ms: observed.wall_ms,
+        timed_wall_ms: timed.wall_ms,
+        node_us: timed.node_us,
+        isolation_us,
+        isolation_node_us,
+    })
+}
+
+/// Extra overhead pair `p`: FUSED and FUSED with the instrument, in alternating order, through
+/// the noise gate; (FUSED ms, FUSED-with-instrument ms).
+fn overhead_pair(
+    engine: &mut dyn Engine,
+    cfg: &ProfileConfig,
+    gate: &mut crate::noise::GateStats,
+    note: &mut dyn FnMut(Mode, u64),
+    p: u32,
+) -> Result<(f64, f64), EngineError> {
+    let order = if p.is_multiple_of(2) {
+        [Mode::Fused, Mode::FusedObserved]
+    } else {
+        [Mode::FusedObserved, Mode::Fused]
+    };
+    let (mut fused, mut observed) = (0.0, 0.0);
+    for mode in order {
+        let r = crate::noise::gated(&cfg.gate, gate, || engine.run(mode))?;
+        note(mode, r.output_hash);
+        if mode == Mode::Fused {
+            fused = r.wall_ms;
+        } else {
+            observed = r.wall_ms;
+        }
+    }
+    Ok((fused, observed))
+}

@@ -1,0 +1,283 @@
+//! The per-node profile of one chunk: the measurement loop (FUSED, FUSED with the instrument,
+//! TIMED, interleaved per cycle) and the pure summary (band ms/token = TIMED share x FUSED wall /
+//! tokens, agreement, coverage, overhead, checks).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::band::AuditFinding;
+use crate::engine::{Mode, Work};
+use crate::node::NodeInfo;
+use crate::stats::Spread;
+
+mod checks;
+mod measure;
+mod summary;
+
+pub use checks::{census_check, noise_check, worst};
+pub use measure::{measure, measure_with, ProgressFn};
+pub use summary::{analyse, membership, per_cycle_ms_per_token, summarise};
+
+/// Version of `raw.json` and `summary.json`; bumped on any incompatible change.
+pub const PROFILE_SCHEMA_VERSION: u32 = 1;
+
+/// Agreement (|sum TIMED / FUSED - 1|) beyond which the share method is not trusted.
+pub const AGREEMENT_GOAL: f64 = 0.03;
+/// Instrument overhead (FUSED with callback / without) beyond which FUSED-with-callback is not
+/// native speed.
+pub const OVERHEAD_GOAL: f64 = 1.01;
+
+/// How to profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileConfig {
+    pub work: Work,
+    /// Measured cycles; each runs FUSED, FUSED with the instrument and TIMED once.
+    pub cycles: u32,
+    /// Unmeasured cycles first (allocations, weight repacking, caches).
+    pub warmup: u32,
+    /// Extra interleaved (FUSED, FUSED with the instrument) pairs after the cycles, for a
+    /// tighter overhead estimate on a noisy machine.
+    #[serde(default)]
+    pub overhead_pairs: u32,
+    /// The noise gate around every run.
+    #[serde(default)]
+    pub gate: crate::noise::GateConfig,
+}
+
+/// One measured cycle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CycleRecord {
+    /// The order the three runs took in this cycle (rotated from cycle to cycle).
+    pub order: Vec<Mode>,
+    pub fused_ms: f64,
+    pub fused_observed_ms: f64,
+    /// Wall of the TIMED run (node times plus what lies between nodes).
+    pub timed_wall_ms: f64,
+    /// Per-node microseconds of the TIMED run, in graph order.
+    pub node_us: Vec<f64>,
+    /// The engine's calibration of the isolation cost, µs per node per step, taken in this
+    /// cycle right after the TIMED run: on average over the working nodes, and per node of the
+    /// graph where the engine measures it node by node (empty: the average for every node).
+    #[serde(default)]
+    pub isolation_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub isolation_node_us: Vec<f64>,
+}
+
+/// Everything measured, as stored in a run folder's `raw.json`; the summary is a pure function
+/// of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileRaw {
+    pub schema_version: u32,
+    pub config: ProfileConfig,
+    pub graph: Vec<NodeInfo>,
+    pub cycles: Vec<CycleRecord>,
+    /// Distinct output hashes seen per mode (one each when every run computed the same logits).
+    pub output_hashes: BTreeMap<String, Vec<String>>,
+    /// The extra overhead pairs: (FUSED ms, FUSED-with-instrument ms).
+    #[serde(default)]
+    pub overhead_pairs: Vec<(f64, f64)>,
+    /// What the noise gate rejected and kept.
+    #[serde(default)]
+    pub gate: crate::noise::GateStats,
+    /// Every run's logits were checked finite (the engine fails a run whose logits are NaN or
+    /// infinite, and the measurement stops there); false in files written before the check.
+    #[serde(default)]
+    pub outputs_checked_finite: bool,
+    /// Decode steps each node's TIMED time sums: every step of the run where the graph is one
+    /// step's (llama.cpp), 1 where the graph lists every step's nodes (candle, see
+    /// [`crate::engine::Engine::graph_lists_every_step`]) and for a prefill chunk. `None` in runs stored before
+    /// it was recorded: every step of the run.
+    #[serde(default)]
+    pub node_steps: Option<u32>,
+}
+
+impl ProfileRaw {
+    /// Reads a run's `raw.json`, refusing a newer or unknown schema version.
+    pub fn read(path: &std::path::Path) -> Result<ProfileRaw, crate::run_folder::RunFolderError> {
+        crate::run_folder::read_versioned(path, PROFILE_SCHEMA_VERSION)
+    }
+
+    /// Decode steps each node's TIMED time sums (1 for a prefill chunk).
+    pub fn node_steps(&self) -> u32 {
+        self.node_steps
+            .unwrap_or(self.config.work.decode_tokens)
+            .max(1)
+    }
+}
+/// One band of the summary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BandRow {
+    pub band: String,
+    /// The median over cycles of the per-cycle value (the band's share of that cycle's TIMED
+    /// sum x that cycle's FUSED wall / tokens): one estimator for the point and its range.
+    pub ms_per_token: f64,
+    /// Range (min..max) of the same per-cycle values.
+    pub ms_per_token_min: f64,
+    pub ms_per_token_max: f64,
+    /// This band's ms/token over the sum of every band's (the shares add up to 1).
+    pub share: f64,
+    /// Nodes in the band, views included.
+    pub nodes: u32,
+    /// Nodes in the band that do work (views and nodes the backend skips excluded).
+    pub working_nodes: u32,
+    /// The band's median over cycles of its TIMED milliseconds for the whole chunk.
+    pub timed_ms: f64,
+    /// The same estimator after removing the isolation cost (see
+    /// [`ProfileSummary::isolation_us`]) from every node: what matters in decode, where a node's
+    /// work is small beside its isolation; `share_corrected` is its share of the corrected sum.
+    pub ms_per_token_corrected: f64,
+    pub share_corrected: f64,
+}
+
+/// Nodes of one band grouped by name token, for listing what a band holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NameRow {
+    pub name: String,
+    pub ops: Vec<String>,
+    pub nodes: u32,
+    pub ms_per_token: f64,
+}
+
+/// Status of a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckStatus {
+    Pass,
+    /// Outside a goal: the numbers stand but deserve caution.
+    Warn,
+    /// A result that must not be trusted.
+    Fail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Check {
+    pub name: String,
+    pub status: CheckStatus,
+    pub detail: String,
+}
+
+/// The summary of a profile (`summary.json`). Scripts rely on the top-level fields `coverage`,
+/// `agreement`, `overhead`, `fused_ms`, `tokens` and `bands`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileSummary {
+    pub schema_version: u32,
+    /// Tokens in the measured chunk.
+    pub tokens: u32,
+    pub depth_tokens: u32,
+    /// Which logits were requested: `last` (as llama-bench) or `all`.
+    pub logits: String,
+    pub cycles: u32,
+    /// Median FUSED wall of the chunk, no instrument.
+    pub fused_ms: f64,
+    pub fused_ms_spread: Spread,
+    pub tok_per_s: f64,
+    /// Median sum of TIMED node times.
+    pub timed_sum_ms: f64,
+    pub timed_wall_ms: f64,
+    /// Median over cycles of (sum TIMED / FUSED - 1).
+    pub agreement: f64,
+    pub agreement_spread: Spread,
+    /// What isolating one node costs in TIMED mode (thread-pool wake-up, synchronisation,
+    /// callback), measured, not assumed, per node and per run (a decode run sums its steps):
+    /// the engine's calibration graph of trivial nodes where it has one, else the graph's own
+    /// nodes that do no work.
+    pub isolation_us: f64,
+    /// The same per decode step (equal to `isolation_us` for a prefill chunk).
+    pub isolation_us_per_step: f64,
+    /// Decode steps each node's TIMED time sums (see [`ProfileRaw::node_steps`]).
+    #[serde(default = "one")]
+    pub node_steps: u32,
+    /// `calibration, node by node`, `calibration` or `idle nodes`.
+    pub isolation_source: String,
+    /// The estimate from the graph's nodes that do no work (views, skipped nodes), per node per
+    /// run: a lower bound, since a view is not dispatched to the thread pool.
+    pub isolation_idle_us: f64,
+    /// Nodes that do no work, the idle estimate's sample.
+    pub isolation_nodes: u32,
+    /// Agreement after removing the calibrated isolation cost from every node.
+    pub agreement_corrected: f64,
+    /// Decode: what the calibration left unexplained, µs per working node per step (median
+    /// over cycles), taken equally from every working node for the corrected columns, so they
+    /// sum to the FUSED wall (see [`crate::isolation`]); negative where the calibration took too
+    /// much. 0 for a prefill chunk, whose corrected columns remove the calibration only.
+    #[serde(default)]
+    pub isolation_remainder_us: f64,
+    /// Generated tokens per sequence in decode mode (0: a prefill chunk), and sequences.
+    pub decode_tokens: u32,
+    pub parallel: u32,
+    /// 1 - the `unassigned` band's ms/token over the sum of every band's: the share of the TIMED
+    /// time that landed in a band.
+    pub coverage: f64,
+    /// Median over interleaved pairs (one per cycle, plus any extra pairs) of
+    /// FUSED-with-instrument / FUSED.
+    pub overhead: f64,
+    pub overhead_spread: Spread,
+    /// The same two ratios from the fastest run of each mode (min TIMED sum / min FUSED - 1,
+    /// min FUSED-with-instrument / min FUSED): on a machine whose speed drifts, the least
+    /// disturbed runs, as a cross-check of the medians.
+    pub agreement_of_minimums: f64,
+    pub overhead_of_minimums: f64,
+    /// Every run of every mode computed bit-identical logits.
+    pub outputs_identical: bool,
+    /// The noise gate: runs kept, rejected and retaken, kept although still noisy.
+    pub noise_gate: crate::noise::GateStats,
+    pub nodes: u32,
+    pub view_nodes: u32,
+    pub bands: Vec<BandRow>,
+    /// What the `other` band holds.
+    pub other: Vec<NameRow>,
+    /// Nodes no rule matched (coverage below 100 % lists them here).
+    pub unassigned: Vec<NameRow>,
+    pub audit: Vec<AuditFinding>,
+    pub checks: Vec<Check>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SummaryError {
+    #[error("the profile has no measured cycle")]
+    NoCycles,
+    #[error("cycle {cycle} timed {found} nodes, the graph has {expected}")]
+    NodeCount {
+        cycle: usize,
+        found: usize,
+        expected: usize,
+    },
+    #[error("{0} assignments for a graph of {1} nodes")]
+    Assignments(usize, usize),
+    #[error("a non-finite or empty measurement in {0}")]
+    BadSample(String),
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl ProfileSummary {
+    /// The worst status among the checks.
+    pub fn worst(&self) -> CheckStatus {
+        worst(&self.checks)
+    }
+
+    pub fn band(&self, name: &str) -> Option<&BandRow> {
+        self.bands.iter().find(|b| b.band == name)
+    }
+}
+
+/// Per-node medians over cycles (microseconds), in graph order.
+pub fn node_medians_us(raw: &ProfileRaw) -> Vec<f64> {
+    (0..raw.graph.len())
+        .map(|i| {
+            let col: Vec<f64> = raw
+                .cycles
+                .iter()
+                .filter_map(|c| c.node_us.get(i).copied())
+                .collect();
+            crate::stats::median(&col).unwrap_or(0.0)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

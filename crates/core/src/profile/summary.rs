@@ -1,0 +1,469 @@
+//! The pure summary of a stored profile: every ms/token figure by one estimator (a group's
+//! share of each cycle's TIMED sum x that cycle's FUSED wall / tokens), the isolation cost and
+//! what removing it leaves, the walls and their ratios; the checks are in `checks`.
+
+use std::collections::BTreeMap;
+
+use super::checks::{checks, Figures};
+use super::{BandRow, NameRow, ProfileRaw, ProfileSummary, SummaryError, PROFILE_SCHEMA_VERSION};
+use crate::band::{Assignment, AuditFinding, BandRules, UNASSIGNED};
+use crate::stats::Sample;
+
+fn sample(values: &[f64], what: &str) -> Result<Sample, SummaryError> {
+    Sample::new(values).map_err(|_| SummaryError::BadSample(what.to_string()))
+}
+
+/// Summarises a profile. `assignments[i]` is the band of `raw.graph[i]`.
+pub fn summarise(
+    raw: &ProfileRaw,
+    rules: &BandRules,
+    assignments: &[Assignment],
+    audit: Vec<AuditFinding>,
+) -> Result<ProfileSummary, SummaryError> {
+    validate(raw, assignments)?;
+    let n = raw.graph.len();
+    let tokens = raw.config.work.tokens_per_run();
+    let tok = tokens.max(1) as f64;
+    let isolation = isolation(raw)?;
+    // every node's TIMED times must be finite (the per-cycle estimates below sum them)
+    for i in 0..n {
+        sample(
+            &raw.cycles.iter().map(|c| c.node_us[i]).collect::<Vec<_>>(),
+            "node times",
+        )?;
+    }
+    let walls = walls(raw)?;
+    let est = Estimator {
+        raw: raw.cycles.iter().map(|c| c.node_us.as_slice()).collect(),
+        corrected: isolation.corrected.iter().map(Vec::as_slice).collect(),
+        fused_walls: raw.cycles.iter().map(|c| c.fused_ms).collect(),
+        tok,
+    };
+    let (bands, points) = band_rows(raw, rules, assignments, &est)?;
+    let unassigned_ms = bands
+        .iter()
+        .find(|b| b.band == UNASSIGNED)
+        .map_or(0.0, |b| b.ms_per_token);
+    let coverage = if points > 0.0 {
+        1.0 - unassigned_ms / points
+    } else {
+        0.0
+    };
+    let other = name_rows(raw, assignments, &est, "other")?;
+    let unassigned = name_rows(raw, assignments, &est, UNASSIGNED)?;
+    let identical = raw
+        .output_hashes
+        .values()
+        .flatten()
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+        <= 1;
+    let checks = checks(
+        raw,
+        assignments,
+        &Figures {
+            audit: &audit,
+            coverage,
+            unassigned_ms,
+            agreement: walls.agreement.median(),
+            overhead: walls.overhead.median(),
+            identical,
+        },
+    );
+
+    Ok(ProfileSummary {
+        schema_version: PROFILE_SCHEMA_VERSION,
+        tokens,
+        depth_tokens: raw.config.work.depth_tokens,
+        logits: if raw.config.work.all_logits {
+            "all"
+        } else {
+            "last"
+        }
+        .into(),
+        cycles: raw.cycles.len() as u32,
+        fused_ms: walls.fused.median(),
+        fused_ms_spread: walls.fused.spread(),
+        tok_per_s: tok / walls.fused.median() * 1e3,
+        timed_sum_ms: walls.timed_sum.median(),
+        timed_wall_ms: walls.timed_wall.median(),
+        agreement: walls.agreement.median(),
+        agreement_spread: walls.agreement.spread(),
+        isolation_us: isolation.cost.median(),
+        isolation_us_per_step: isolation.cost.median() / isolation.steps,
+        node_steps: isolation.steps as u32,
+        isolation_source: isolation.source.into(),
+        isolation_idle_us: isolation.idle.median(),
+        isolation_nodes: isolation.idle_nodes as u32,
+        agreement_corrected: isolation.agreement_corrected.median(),
+        isolation_remainder_us: isolation.remainder.median(),
+        decode_tokens: raw.config.work.decode_tokens,
+        parallel: raw.config.work.parallel,
+        coverage,
+        overhead: walls.overhead.median(),
+        overhead_spread: walls.overhead.spread(),
+        agreement_of_minimums: walls.timed_sum.min() / walls.fused.min() - 1.0,
+        overhead_of_minimums: walls.observed_all.min() / walls.fused_all.min(),
+        outputs_identical: identical,
+        noise_gate: raw.gate,
+        nodes: n as u32,
+        view_nodes: raw.graph.iter().filter(|g| g.is_view).count() as u32,
+        bands,
+        other,
+        unassigned,
+        audit,
+        checks,
+    })
+}
+
+/// Refuses a profile without cycles, with assignments of another graph, or with a cycle that
+/// timed another number of nodes than the graph holds.
+fn validate(raw: &ProfileRaw, assignments: &[Assignment]) -> Result<(), SummaryError> {
+    let n = raw.graph.len();
+    if raw.cycles.is_empty() {
+        return Err(SummaryError::NoCycles);
+    }
+    if assignments.len() != n {
+        return Err(SummaryError::Assignments(assignments.len(), n));
+    }
+    for (cycle, c) in raw.cycles.iter().enumerate() {
+        if c.node_us.len() != n {
+            return Err(SummaryError::NodeCount {
+                cycle,
+                found: c.node_us.len(),
+                expected: n,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The isolation cost per node per run and what removing it from every node leaves.
+struct Isolation {
+    /// Decode steps each node's time sums.
+    steps: f64,
+    /// Per cycle: the calibration where the engine has one, else the idle nodes' median.
+    cost: Sample,
+    /// Per cycle: the median time of the nodes that do no work.
+    idle: Sample,
+    idle_nodes: usize,
+    /// Per cycle: the calibrated sum over the FUSED wall - 1.
+    agreement_corrected: Sample,
+    /// Per cycle: what the calibration left unexplained, µs per working node per step.
+    remainder: Sample,
+    /// Per cycle, every node's time with the isolation cost removed.
+    corrected: Vec<Vec<f64>>,
+    source: &'static str,
+}
+
+/// The isolation cost per node per run, per cycle: the engine's calibration where it has one
+/// (times the steps a node's time sums), else the nodes of the graph that do no work; and every
+/// node's time with it removed.
+fn isolation(raw: &ProfileRaw) -> Result<Isolation, SummaryError> {
+    let n = raw.graph.len();
+    let steps = raw.node_steps() as f64;
+    let idle: Vec<usize> = (0..n).filter(|&i| !raw.graph[i].is_working()).collect();
+    let calibrated = raw.cycles.iter().all(|c| c.isolation_us.is_some());
+    let mut isolation = Vec::with_capacity(raw.cycles.len());
+    let mut isolation_idle = Vec::with_capacity(raw.cycles.len());
+    let mut corrected: Vec<Vec<f64>> = Vec::with_capacity(raw.cycles.len());
+    let mut calibrated_sums = Vec::with_capacity(raw.cycles.len());
+    let mut remainders = Vec::with_capacity(raw.cycles.len());
+    let working: Vec<bool> = raw.graph.iter().map(|g| g.is_working()).collect();
+    let decode = raw.config.work.is_decode();
+    for c in &raw.cycles {
+        let idle_us: Vec<f64> = idle.iter().map(|&i| c.node_us[i]).collect();
+        let idle_iso = crate::stats::median(&idle_us).unwrap_or(0.0);
+        isolation_idle.push(idle_iso);
+        let iso = match c.isolation_us {
+            Some(per_step) if calibrated => per_step * steps,
+            _ => idle_iso,
+        };
+        isolation.push(iso);
+        // node by node where the engine calibrated each node, else the average for every node;
+        // then the remainder the calibration missed, equally from every working node
+        let each = calibrated && c.isolation_node_us.len() == n;
+        let removed = crate::isolation::remove_isolation(
+            &c.node_us,
+            &working,
+            &|i| {
+                if each {
+                    c.isolation_node_us[i] * steps
+                } else {
+                    iso
+                }
+            },
+            // decode only: a chunk's nodes are large beside their isolation, and what sets
+            // its TIMED sum apart from the wall (caches, barriers) grows with the work
+            if decode { c.fused_ms * 1e3 } else { 0.0 },
+        );
+        calibrated_sums.push(removed.calibrated_sum_us);
+        remainders.push(removed.remainder_us / steps);
+        corrected.push(removed.times_us);
+    }
+    let cost = sample(&isolation, "isolation cost")?;
+    let idle_cost = sample(&isolation_idle, "isolation cost")?;
+    let agreement_corrected = sample(
+        &raw.cycles
+            .iter()
+            .zip(&calibrated_sums)
+            .map(|(c, k)| k / 1e3 / c.fused_ms - 1.0)
+            .collect::<Vec<_>>(),
+        "corrected agreement",
+    )?;
+    let remainder = sample(&remainders, "isolation remainder")?;
+    let source = if calibrated && raw.cycles.iter().all(|c| c.isolation_node_us.len() == n) {
+        "calibration, node by node"
+    } else if calibrated {
+        "calibration"
+    } else {
+        "idle nodes"
+    };
+    Ok(Isolation {
+        steps,
+        cost,
+        idle: idle_cost,
+        idle_nodes: idle.len(),
+        agreement_corrected,
+        remainder,
+        corrected,
+        source,
+    })
+}
+
+/// The walls of the runs and their ratios, per cycle (and per extra overhead pair).
+struct Walls {
+    fused: Sample,
+    timed_sum: Sample,
+    timed_wall: Sample,
+    /// sum TIMED / FUSED - 1.
+    agreement: Sample,
+    /// FUSED over the cycles and the extra overhead pairs.
+    fused_all: Sample,
+    /// FUSED-with-instrument over the cycles and the extra overhead pairs.
+    observed_all: Sample,
+    /// FUSED-with-instrument / FUSED over the cycles and the extra overhead pairs.
+    overhead: Sample,
+}
+
+fn walls(raw: &ProfileRaw) -> Result<Walls, SummaryError> {
+    let fused = sample(
+        &raw.cycles.iter().map(|c| c.fused_ms).collect::<Vec<_>>(),
+        "fused_ms",
+    )?;
+    let timed_sums: Vec<f64> = raw
+        .cycles
+        .iter()
+        .map(|c| c.node_us.iter().sum::<f64>() / 1e3)
+        .collect();
+    let timed_sum = sample(&timed_sums, "timed sums")?;
+    let timed_wall = sample(
+        &raw.cycles
+            .iter()
+            .map(|c| c.timed_wall_ms)
+            .collect::<Vec<_>>(),
+        "timed_wall_ms",
+    )?;
+    let agreement = sample(
+        &raw.cycles
+            .iter()
+            .zip(&timed_sums)
+            .map(|(c, s)| s / c.fused_ms - 1.0)
+            .collect::<Vec<_>>(),
+        "agreement",
+    )?;
+    let fused_all = sample(
+        &raw.cycles
+            .iter()
+            .map(|c| c.fused_ms)
+            .chain(raw.overhead_pairs.iter().map(|(f, _)| *f))
+            .collect::<Vec<_>>(),
+        "fused_ms",
+    )?;
+    let observed_all = sample(
+        &raw.cycles
+            .iter()
+            .map(|c| c.fused_observed_ms)
+            .chain(raw.overhead_pairs.iter().map(|(_, o)| *o))
+            .collect::<Vec<_>>(),
+        "fused_observed_ms",
+    )?;
+    let overhead = sample(
+        &raw.cycles
+            .iter()
+            .map(|c| c.fused_observed_ms / c.fused_ms)
+            .chain(raw.overhead_pairs.iter().map(|(f, o)| o / f))
+            .collect::<Vec<_>>(),
+        "overhead",
+    )?;
+    Ok(Walls {
+        fused,
+        timed_sum,
+        timed_wall,
+        agreement,
+        fused_all,
+        observed_all,
+        overhead,
+    })
+}
+
+/// One estimator for every ms/token figure: its per-cycle values (the group's share of that
+/// cycle's TIMED sum x that cycle's FUSED wall / tokens), the median of them the point and
+/// their min..max the range, so the point always lies in its range. A share is a figure's
+/// point over the sum of the points it is a share of.
+struct Estimator<'a> {
+    /// Per cycle, every node's TIMED time.
+    raw: Vec<&'a [f64]>,
+    /// Per cycle, every node's time with the isolation cost removed.
+    corrected: Vec<&'a [f64]>,
+    fused_walls: Vec<f64>,
+    tok: f64,
+}
+
+impl Estimator<'_> {
+    fn estimate(
+        &self,
+        member: &dyn Fn(usize) -> bool,
+        times: &[&[f64]],
+    ) -> Result<Sample, SummaryError> {
+        sample(
+            &per_cycle_ms_per_token(times, &self.fused_walls, self.tok, &membership(member)),
+            "band times",
+        )
+    }
+}
+
+/// Every band the graph holds, in rule-set order, then `unassigned` if anything fell through;
+/// with the sum of their points.
+fn band_rows(
+    raw: &ProfileRaw,
+    rules: &BandRules,
+    assignments: &[Assignment],
+    est: &Estimator<'_>,
+) -> Result<(Vec<BandRow>, f64), SummaryError> {
+    let n = raw.graph.len();
+    let mut band_order: Vec<String> = rules.bands_in(assignments);
+    if assignments.iter().any(|a| a.band == UNASSIGNED) {
+        band_order.push(UNASSIGNED.to_string());
+    }
+    struct Estimated {
+        band: String,
+        raw: Sample,
+        corrected: Sample,
+        timed: Sample,
+    }
+    let mut estimated = Vec::with_capacity(band_order.len());
+    for band in &band_order {
+        let member = |i: usize| assignments[i].band == *band;
+        let timed: Vec<f64> = est
+            .raw
+            .iter()
+            .map(|t| (0..n).filter(|&i| member(i)).map(|i| t[i]).sum::<f64>() / 1e3)
+            .collect();
+        estimated.push(Estimated {
+            band: band.clone(),
+            raw: est.estimate(&member, &est.raw)?,
+            corrected: est.estimate(&member, &est.corrected)?,
+            timed: sample(&timed, "band times")?,
+        });
+    }
+    let points: f64 = estimated.iter().map(|e| e.raw.median()).sum();
+    let points_corrected: f64 = estimated.iter().map(|e| e.corrected.median()).sum();
+    let share = |x: f64, of: f64| if of > 0.0 { x / of } else { 0.0 };
+    let mut bands = Vec::with_capacity(estimated.len());
+    for e in &estimated {
+        let member = |i: usize| assignments[i].band == e.band;
+        bands.push(BandRow {
+            band: e.band.clone(),
+            ms_per_token: e.raw.median(),
+            ms_per_token_min: e.raw.min(),
+            ms_per_token_max: e.raw.max(),
+            share: share(e.raw.median(), points),
+            nodes: (0..n).filter(|&i| member(i)).count() as u32,
+            working_nodes: (0..n)
+                .filter(|&i| member(i) && raw.graph[i].is_working())
+                .count() as u32,
+            timed_ms: e.timed.median(),
+            ms_per_token_corrected: e.corrected.median(),
+            share_corrected: share(e.corrected.median(), points_corrected),
+        });
+    }
+    Ok((bands, points))
+}
+
+/// What `band` holds: its nodes grouped by name token, most time first.
+fn name_rows(
+    raw: &ProfileRaw,
+    assignments: &[Assignment],
+    est: &Estimator<'_>,
+    band: &str,
+) -> Result<Vec<NameRow>, SummaryError> {
+    let n = raw.graph.len();
+    let mut rows: BTreeMap<String, NameRow> = BTreeMap::new();
+    for i in (0..n).filter(|&i| assignments[i].band == band) {
+        let node = &raw.graph[i];
+        let row = rows.entry(node.base_name().to_string()).or_insert(NameRow {
+            name: node.base_name().to_string(),
+            ops: Vec::new(),
+            nodes: 0,
+            ms_per_token: 0.0,
+        });
+        row.nodes += 1;
+        if !row.ops.contains(&node.op) {
+            row.ops.push(node.op.clone());
+        }
+    }
+    let mut rows: Vec<NameRow> = rows.into_values().collect();
+    for row in &mut rows {
+        let member = |i: usize| assignments[i].band == band && raw.graph[i].base_name() == row.name;
+        row.ms_per_token = est.estimate(&member, &est.raw)?.median();
+    }
+    rows.sort_by(|a, b| b.ms_per_token.total_cmp(&a.ms_per_token));
+    Ok(rows)
+}
+
+/// The per-cycle ms/token of a part of the graph: in cycle c, its share of that cycle's TIMED
+/// sum x that cycle's FUSED wall / `tokens`, where the part holds `weight(i)` of node i (1 for a
+/// member, 0 for a node outside it; a fraction for the rows of a node nobody reads). The median
+/// of these is a figure's point and their min..max its range (one estimator; see
+/// [`summarise`]). `times[c][i]` is node i's time in cycle c (raw, or with the isolation cost
+/// removed); a cycle whose sum is 0 gives 0.
+pub fn per_cycle_ms_per_token(
+    times: &[&[f64]],
+    fused_ms: &[f64],
+    tokens: f64,
+    weight: &dyn Fn(usize) -> f64,
+) -> Vec<f64> {
+    times
+        .iter()
+        .zip(fused_ms)
+        .map(|(t, fused)| {
+            let sum: f64 = t.iter().sum();
+            if sum > 0.0 {
+                let part: f64 = t.iter().enumerate().map(|(i, v)| v * weight(i)).sum();
+                part / sum * fused / tokens
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+/// 1 for a member, 0 otherwise: the weight of a group of nodes in [`per_cycle_ms_per_token`].
+pub fn membership(member: impl Fn(usize) -> bool) -> impl Fn(usize) -> f64 {
+    move |i| if member(i) { 1.0 } else { 0.0 }
+}
+
+/// Categorises the graph of a stored profile and summarises it: what `profile` does after
+/// measuring and what `report` does from a run folder.
+pub fn analyse(
+    raw: &ProfileRaw,
+    rules: &BandRules,
+    arch: &crate::arch::ArchInfo,
+) -> Result<(Vec<Assignment>, ProfileSummary), SummaryError> {
+    let cat = crate::band::Categoriser::new(rules, arch);
+    let assignments = cat.categorise(&raw.graph);
+    let audit = cat.audit(&raw.graph, &assignments);
+    let summary = summarise(raw, rules, &assignments, audit)?;
+    Ok((assignments, summary))
+}
