@@ -24,4 +24,5 @@ pub mod stats;
 pub mod sweep;
 pub mod system;
 pub mod tokens;
+pub mod trace;
 pub mod waste;
