@@ -8,6 +8,7 @@ pub mod arch;
 pub mod band;
 pub mod census;
 pub mod engine;
+pub mod import_rules;
 pub mod isolation;
 pub mod ledger;
 pub mod manifest;

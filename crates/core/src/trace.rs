@@ -37,6 +37,8 @@ const PENDING_CAP: usize = 1 << 20;
 pub struct SpanKey {
     pub name: String,
     pub cat: String,
+    /// The name of the span it is nested in on its thread (empty at the top).
+    pub parent: String,
     /// The arguments the rules read and `Input Dims`, as `key=value` pairs (JSON values).
     pub args: Vec<(String, String)>,
 }
@@ -363,11 +365,17 @@ struct State<'o> {
 }
 
 impl<'o> State<'o> {
-    fn key_of(&mut self, ev: &mut Event) -> u32 {
+    fn key_of(&mut self, ev: &mut Event, tid: usize, ts: f64) -> u32 {
         let args = std::mem::take(&mut ev.args);
+        self.close_until(tid, ts);
+        let parent = match self.threads[tid].stack.last() {
+            Some(f) => self.keys[f.key as usize].name.clone(),
+            None => String::new(),
+        };
         let key = SpanKey {
             name: std::mem::take(&mut ev.name),
             cat: std::mem::take(&mut ev.cat),
+            parent,
             args,
         };
         if let Some(&id) = self.key_ids.get(&key) {
@@ -435,11 +443,11 @@ impl<'o> State<'o> {
         ));
         match ph {
             b'X' => {
-                let key = self.key_of(&mut ev);
+                let key = self.key_of(&mut ev, tid, ts);
                 self.begin(tid, key, ts, Some(ts + dur))
             }
             b'B' => {
-                let key = self.key_of(&mut ev);
+                let key = self.key_of(&mut ev, tid, ts);
                 self.begin(tid, key, ts, None)
             }
             _ => self.end(tid, &ev.name, ts),
