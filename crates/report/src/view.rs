@@ -55,6 +55,16 @@ impl<'a> ProfileView<'a> {
 /// The manifest command of a run imported from a trace (`opledger import`).
 pub const IMPORTED: &str = "import";
 
+/// How the checks of an imported run begin that could not be measured.
+pub const NOT_MEASURABLE: &str = "not measurable for an imported trace";
+
+/// A summary of an imported trace (its agreement check says so).
+pub fn is_imported(s: &ProfileSummary) -> bool {
+    s.checks
+        .iter()
+        .any(|c| c.name == "agreement" && c.detail.starts_with(NOT_MEASURABLE))
+}
+
 /// An imported trace is one run of an engine by itself: its agreement, overhead, outputs and
 /// noise could not be measured, and its checks say so rather than show figures that would
 /// mean something else (a self-time sum over several threads is not a TIMED sum).
@@ -63,7 +73,7 @@ fn state_imported_checks(summary: &mut ProfileSummary) {
     let not = |name: &str, why: &str| Check {
         name: name.into(),
         status: CheckStatus::Warn,
-        detail: format!("not measurable for an imported trace: {why}"),
+        detail: format!("{NOT_MEASURABLE}: {why}"),
     };
     summary
         .checks
