@@ -81,6 +81,132 @@ pub fn not_measurable() -> Vec<String> {
     ]
 }
 
+/// Reads opledger's node records (JSON lines): the run's nodes, times and walls as the engine
+/// wrote them; band rules from the file, else the built-in ones for the architecture of
+/// `model` or of the file.
+pub fn run_records(
+    path: &Path,
+    tokens: Option<u32>,
+    model: Option<&ModelFile>,
+) -> Result<Imported> {
+    use opledger_core::records::read_jsonl;
+    let file = path.display().to_string();
+    let hash = hash_file(path)?;
+    let f = std::fs::File::open(path).with_context(|| format!("opening {file}"))?;
+    let rec = read_jsonl(std::io::BufReader::new(f), &file)?;
+    let arch = model
+        .map(|m| m.arch.clone())
+        .or(rec.arch.clone())
+        .unwrap_or_else(unknown_arch);
+    let band_rules = match &rec.band_rules {
+        Some(r) => r.clone(),
+        None => BandRules::builtin(&arch.arch)?,
+    };
+    let tokens = tokens.unwrap_or(rec.tokens);
+    let raw = ProfileRaw {
+        schema_version: PROFILE_SCHEMA_VERSION,
+        config: ProfileConfig {
+            work: Work::prefill(tokens, 0),
+            cycles: rec.runs.len() as u32,
+            warmup: 0,
+            overhead_pairs: 0,
+            gate: opledger_core::noise::GateConfig {
+                enabled: false,
+                ..Default::default()
+            },
+        },
+        graph: rec.graph.clone(),
+        cycles: rec
+            .runs
+            .iter()
+            .map(|(us, timed_wall, fused)| CycleRecord {
+                order: vec![Mode::Fused, Mode::Timed],
+                fused_ms: *fused,
+                fused_observed_ms: *fused,
+                timed_wall_ms: *timed_wall,
+                node_us: us.clone(),
+                isolation_us: None,
+                isolation_node_us: Vec::new(),
+            })
+            .collect(),
+        output_hashes: BTreeMap::new(),
+        overhead_pairs: Vec::new(),
+        gate: Default::default(),
+        outputs_checked_finite: false,
+        node_steps: Some(1),
+    };
+    let settings: BTreeMap<String, String> = [
+        ("imported_from", hash.path.clone()),
+        ("records_blake3", hash.blake3.clone()),
+        ("format", "opledger node records (jsonl)".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let model_record = match model {
+        Some(m) => {
+            let h = hash_file(m.path())?;
+            ModelRecord {
+                path: h.path,
+                size_bytes: h.size_bytes,
+                blake3: h.blake3,
+                arch,
+                metadata: m.metadata_summary(),
+            }
+        }
+        None => ModelRecord {
+            path: hash.path.clone(),
+            size_bytes: 0,
+            blake3: String::new(),
+            arch,
+            metadata: Default::default(),
+        },
+    };
+    let manifest = Manifest {
+        schema_version: MANIFEST_SCHEMA_VERSION,
+        tool: format!("opledger {}", env!("CARGO_PKG_VERSION")),
+        command: IMPORT_COMMAND.into(),
+        args: std::env::args().collect(),
+        created_utc: crate::manifest::now_utc(),
+        engine: EngineInfo {
+            engine: rec.engine.clone(),
+            version: "node records".into(),
+            backend: "as recorded".into(),
+            threads: 0,
+            settings,
+        },
+        model: model_record,
+        band_rules,
+        system: SystemSnapshot::take(),
+    };
+    let stats = ImportStats {
+        trace: hash.path,
+        trace_blake3: hash.blake3,
+        trace_bytes: hash.size_bytes,
+        rules_file: "the records' own band rules, or the built-in ones for the architecture".into(),
+        rules_blake3: String::new(),
+        engine: rec.engine,
+        granularity: "one record per graph node".into(),
+        step_pattern: String::new(),
+        time_unit: "us".into(),
+        events: (rec.graph.len() * rec.runs.len() + rec.runs.len()) as u64,
+        spans: (rec.graph.len() * rec.runs.len()) as u64,
+        skipped_events: 0,
+        outside_steps: 0,
+        unclosed: 0,
+        threads: 0,
+        steps: rec.runs.len(),
+        distinct_spans: rec.graph.len(),
+        unassigned: Vec::new(),
+        not_measurable: Vec::new(),
+    };
+    Ok(Imported {
+        manifest,
+        raw,
+        stats,
+    })
+}
+
 /// Reads the trace and maps its spans to bands.
 pub fn run(req: &ImportRequest, model: Option<&ModelFile>) -> Result<Imported> {
     let rules = ImportRules::parse(&req.rules_text, &req.rules_file)?;

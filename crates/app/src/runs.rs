@@ -423,13 +423,15 @@ fn write_all(folder: &RunFolder, view: &RunView) -> Result<()> {
 }
 
 /// Writes an imported run: a profile's files, the import's statistics (`import.json`) and the
-/// rules it used (`import-rules.toml`).
+/// import rules of a trace (`import-rules.toml`).
 pub fn write_import(
     folder: &RunFolder,
     imported: &crate::import::Imported,
-    rules_text: &str,
+    rules_text: Option<&str>,
 ) -> Result<ProfileSummary> {
-    folder.write("import-rules.toml", rules_text.as_bytes())?;
+    if let Some(text) = rules_text {
+        folder.write("import-rules.toml", text.as_bytes())?;
+    }
     folder.write_json("import.json", &imported.stats)?;
     write_profile(folder, "", &imported.manifest, &imported.raw)
 }

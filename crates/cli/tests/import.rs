@@ -184,3 +184,94 @@ fn bad_traces_are_refused_naming_the_file_and_leave_no_folder() {
         assert!(!out.exists(), "{name}: a folder was left");
     }
 }
+
+/// The bands of a run's `summary.json`: (band, ms/token).
+fn bands(run: &Path) -> Vec<(String, f64)> {
+    let s: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
+    s["bands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["band"].as_str().unwrap().to_string(),
+                b["ms_per_token"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_llama_cpp_profile_written_as_node_records_imports_with_the_same_bands() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    opledger()
+        .args(["synth", "--preset", "tiny-qwen35moe", "-o"])
+        .arg(&model)
+        .assert()
+        .success();
+    let prof = dir.path().join("prof");
+    opledger()
+        .args([
+            "profile",
+            "-p",
+            "16",
+            "-r",
+            "3",
+            "--no-noise-gate",
+            "-q",
+            "-m",
+        ])
+        .arg(&model)
+        .arg("-o")
+        .arg(&prof)
+        .assert()
+        .success();
+    let records = opledger()
+        .args(["report", "--format", "jsonl"])
+        .arg(&prof)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(records.clone()).unwrap();
+    assert!(
+        text.starts_with(r#"{"record":"run","schema_version":1,"#),
+        "{}",
+        &text[..80]
+    );
+    assert!(text.contains(r#""mode":"TIMED""#) && text.contains(r#""mode":"FUSED""#));
+    let path = dir.path().join("nodes.jsonl");
+    std::fs::write(&path, &records).unwrap();
+    let imported = dir.path().join("imported");
+    opledger()
+        .args(["import", "--format", "jsonl", "-q"])
+        .arg(&path)
+        .arg("-o")
+        .arg(&imported)
+        .assert()
+        .success();
+    let (a, b) = (bands(&prof), bands(&imported));
+    assert_eq!(a.len(), b.len());
+    for ((ba, ma), (bb, mb)) in a.iter().zip(&b) {
+        assert_eq!(ba, bb);
+        assert!(
+            (ma - mb).abs() <= 1e-9 * ma.abs().max(1.0),
+            "{ba}: {ma} vs {mb}"
+        );
+    }
+    // a damaged record is refused naming the file and line
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, format!("{}{{\"record\":\"node\"", text)).unwrap();
+    opledger()
+        .args(["import", "--format", "jsonl"])
+        .arg(&bad)
+        .arg("-o")
+        .arg(dir.path().join("badrun"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("bad.jsonl:"));
+    assert!(!dir.path().join("badrun").exists());
+}

@@ -39,7 +39,7 @@ impl<'a> ProfileView<'a> {
             predicts_engine(&manifest.engine.engine),
         );
         summary.add_census_check(&census);
-        if manifest.command == IMPORTED {
+        if manifest.command == IMPORTED && manifest.engine.settings.contains_key("trace_blake3") {
             state_imported_checks(&mut summary);
         }
         Ok(ProfileView {
@@ -52,7 +52,8 @@ impl<'a> ProfileView<'a> {
     }
 }
 
-/// The manifest command of a run imported from a trace (`opledger import`).
+/// The manifest command of an imported run (`opledger import`); a Chrome trace's carries
+/// `trace_blake3` in its engine settings.
 pub const IMPORTED: &str = "import";
 
 /// How the checks of an imported run begin that could not be measured.

@@ -24,9 +24,10 @@ pub struct ImportArgs {
     /// The pattern (regex) of a step span's name, overriding the rules' own.
     #[arg(long)]
     pub step: Option<String>,
-    /// Tokens one step computes (bands are reported per token).
-    #[arg(long, default_value_t = 1, value_parser = super::flags::at_least_one)]
-    pub tokens: u32,
+    /// Tokens one step computes (bands are reported per token); default 1 for a trace, the
+    /// records' own for node records.
+    #[arg(long, value_parser = super::flags::at_least_one)]
+    pub tokens: Option<u32>,
     /// The GGUF file the engine ran, recorded in the manifest (so `compare` can match runs).
     #[arg(long)]
     pub model: Option<PathBuf>,
@@ -45,9 +46,35 @@ pub struct ImportArgs {
 pub enum TraceFormat {
     /// Chrome trace-event JSON (Kineto, tracing-chrome, chrome://tracing, Perfetto's JSON).
     Chrome,
+    /// opledger's node records, JSON lines (README, "Node records").
+    Jsonl,
 }
 
 pub fn run(args: ImportArgs) -> Result<ExitCode> {
+    let model = args
+        .model
+        .as_deref()
+        .map(ModelFile::open_structural)
+        .transpose()?;
+    if args.format == TraceFormat::Jsonl {
+        let imported = opledger_app::import::run_records(&args.trace, args.tokens, model.as_ref())?;
+        let out = opledger_app::import::run_path(args.output.as_deref(), &args.trace);
+        let folder = RunFolder::create(&out)?;
+        let summary = opledger_app::runs::write_import(&folder, &imported, None)?;
+        let path = folder.finish()?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&summary)?);
+        } else if !args.quiet {
+            print!(
+                "{}",
+                opledger_report::profile_text(&imported.manifest, &summary)
+            );
+            println!("run folder: {}", path.display());
+        }
+        return Ok(super::common::exit(opledger_app::outcome::of_checks(
+            &summary.checks,
+        )));
+    }
     let (rules_file, rules_text) = match BUILTIN_IMPORT_RULES
         .iter()
         .find(|(name, _, _)| *name == args.rules)
@@ -59,23 +86,18 @@ pub fn run(args: ImportArgs) -> Result<ExitCode> {
             (args.rules.clone(), text)
         }
     };
-    let model = args
-        .model
-        .as_deref()
-        .map(ModelFile::open_structural)
-        .transpose()?;
     let req = ImportRequest {
         trace: args.trace.clone(),
         rules_file,
         rules_text,
         step: args.step.clone(),
-        tokens: args.tokens,
+        tokens: args.tokens.unwrap_or(1),
     };
     // read before creating the folder: a bad trace leaves nothing behind
     let imported = opledger_app::import::run(&req, model.as_ref())?;
     let out = opledger_app::import::run_path(args.output.as_deref(), &args.trace);
     let folder = RunFolder::create(&out)?;
-    let summary = opledger_app::runs::write_import(&folder, &imported, &req.rules_text)?;
+    let summary = opledger_app::runs::write_import(&folder, &imported, Some(&req.rules_text))?;
     let path = folder.finish()?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
