@@ -9,6 +9,7 @@ pub mod ab;
 pub mod bands;
 pub mod engines;
 pub mod graph;
+pub mod import;
 pub mod ledger;
 pub mod manifest;
 pub mod model;

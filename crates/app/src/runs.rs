@@ -108,7 +108,8 @@ pub fn read(dir: &Path) -> Result<StoredRun> {
     }
     let manifest = Manifest::read(&manifest_path)?;
     Ok(match manifest.command.as_str() {
-        "profile" => StoredRun::Profile {
+        // an imported trace is stored as a profile (crate::import)
+        "profile" | crate::import::IMPORT_COMMAND => StoredRun::Profile {
             raw: ProfileRaw::read(&dir.join("raw.json"))?,
             manifest,
         },
@@ -419,4 +420,18 @@ fn write_all(folder: &RunFolder, view: &RunView) -> Result<()> {
         written_formats(view.kind()),
         &RenderOptions::default(),
     )
+}
+
+/// Writes an imported run: a profile's files, the import's statistics (`import.json`) and the
+/// import rules of a trace (`import-rules.toml`).
+pub fn write_import(
+    folder: &RunFolder,
+    imported: &crate::import::Imported,
+    rules_text: Option<&str>,
+) -> Result<ProfileSummary> {
+    if let Some(text) = rules_text {
+        folder.write("import-rules.toml", text.as_bytes())?;
+    }
+    folder.write_json("import.json", &imported.stats)?;
+    write_profile(folder, "", &imported.manifest, &imported.raw)
 }

@@ -36,6 +36,9 @@ enum Command {
     Ab(opledger::cmd::ab::AbArgs),
     /// Search a grid of runtime knobs for the fastest configuration that returns the same output.
     Discover(opledger::cmd::ab::DiscoverArgs),
+    /// Import a trace an engine wrote of itself (Chrome trace-event JSON): bands by pattern
+    /// rules, written as a run that `report` and `compare` take.
+    Import(opledger::cmd::import::ImportArgs),
     /// Re-render a stored run from its raw data, without measuring again.
     Report(opledger::cmd::report::ReportArgs),
     /// Find the rows a graph computes that no output reads, and the time spent on them.
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
         Command::Ledger(a) => opledger::cmd::ledger::run_ledger(a),
         Command::Ab(a) => opledger::cmd::ab::run_ab(a),
         Command::Discover(a) => opledger::cmd::ab::run_discover(a),
+        Command::Import(a) => opledger::cmd::import::run(a),
         Command::Report(a) => opledger::cmd::report::run(a),
         Command::Waste(a) => opledger::cmd::waste::run(a),
     };

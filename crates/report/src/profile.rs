@@ -97,6 +97,21 @@ pub(crate) fn heading(m: &Manifest, s: &ProfileSummary) -> (String, String) {
 
 pub(crate) fn figures(s: &ProfileSummary) -> Vec<String> {
     let f = &s.fused_ms_spread;
+    if crate::view::is_imported(s) {
+        // one self-traced run: no FUSED run apart, no instrument, no outputs, no noise gate
+        return vec![
+            format!(
+                "step wall {:.3} ms [{:.3}–{:.3}] for {} tokens: {:.1} tok/s",
+                s.fused_ms, f.min, f.max, s.tokens, s.tok_per_s
+            ),
+            format!(
+                "self time of the spans {:.2} ms a step (over every thread) · agreement, overhead, outputs, noise: {}",
+                s.timed_sum_ms,
+                crate::view::NOT_MEASURABLE
+            ),
+            format!("coverage {:.2} %", s.coverage * 100.0),
+        ];
+    }
     let a = &s.agreement_spread;
     let o = &s.overhead_spread;
     vec![

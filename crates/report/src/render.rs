@@ -28,9 +28,13 @@ pub enum Format {
     Perfetto,
     /// The run's chart (`chart.svg`).
     Svg,
+    /// opledger's node records, JSON lines (`nodes.jsonl`; README, "Node records").
+    Jsonl,
 }
 
 impl Format {
+    /// The formats a run's every rendering covers (`report -o DIR` without `--format`).
+    /// [`Format::Jsonl`] is left out: node records are an export, written when asked for.
     pub const ALL: [Format; 10] = [
         Format::Text,
         Format::Md,
@@ -56,6 +60,7 @@ impl Format {
             Format::Sql => "sql",
             Format::Perfetto => "perfetto",
             Format::Svg => "svg",
+            Format::Jsonl => "jsonl",
         }
     }
 }
@@ -136,6 +141,8 @@ pub fn file_name(view: &RunView, format: Format) -> Option<&'static str> {
         (Format::Sql, _) => "results.sql",
         (Format::Perfetto, Profile(_) | Waste(_)) => "trace.json",
         (Format::Perfetto, _) => return None,
+        (Format::Jsonl, Profile(_)) => "nodes.jsonl",
+        (Format::Jsonl, _) => return None,
         (Format::Svg, _) => "chart.svg",
     })
 }
@@ -187,6 +194,15 @@ pub fn render(
             crate::ops::ops_text(&crate::ops::ops_title(v.manifest), v.summary).into_bytes()
         }
         (Format::Json, RunView::Ops(v)) => pretty_json(v.summary)?,
+        (Format::Jsonl, RunView::Profile(v)) => {
+            let records = opledger_core::records::profile_to_records(
+                &v.manifest.engine.engine,
+                &v.manifest.model.arch,
+                &v.manifest.band_rules,
+                v.raw,
+            );
+            opledger_core::records::to_jsonl(&records)?
+        }
         (Format::Text, RunView::Profile(v)) => {
             crate::profile::profile_text(v.manifest, &v.summary).into_bytes()
         }

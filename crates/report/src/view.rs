@@ -39,6 +39,9 @@ impl<'a> ProfileView<'a> {
             predicts_engine(&manifest.engine.engine),
         );
         summary.add_census_check(&census);
+        if manifest.command == IMPORTED && manifest.engine.settings.contains_key("trace_blake3") {
+            state_imported_checks(&mut summary);
+        }
         Ok(ProfileView {
             manifest,
             raw,
@@ -46,6 +49,56 @@ impl<'a> ProfileView<'a> {
             summary,
             census,
         })
+    }
+}
+
+/// The manifest command of an imported run (`opledger import`); a Chrome trace's carries
+/// `trace_blake3` in its engine settings.
+pub const IMPORTED: &str = "import";
+
+/// How the checks of an imported run begin that could not be measured.
+pub const NOT_MEASURABLE: &str = "not measurable for an imported trace";
+
+/// A summary of an imported trace (its agreement check says so).
+pub fn is_imported(s: &ProfileSummary) -> bool {
+    s.checks
+        .iter()
+        .any(|c| c.name == "agreement" && c.detail.starts_with(NOT_MEASURABLE))
+}
+
+/// An imported trace is one run of an engine by itself: its agreement, overhead, outputs and
+/// noise could not be measured, and its checks say so rather than show figures that would
+/// mean something else (a self-time sum over several threads is not a TIMED sum).
+fn state_imported_checks(summary: &mut ProfileSummary) {
+    use opledger_core::profile::{Check, CheckStatus};
+    let not = |name: &str, why: &str| Check {
+        name: name.into(),
+        status: CheckStatus::Warn,
+        detail: format!("{NOT_MEASURABLE}: {why}"),
+    };
+    summary
+        .checks
+        .retain(|c| !matches!(c.name.as_str(), "finite" | "census"));
+    for c in &mut summary.checks {
+        *c = match c.name.as_str() {
+            "agreement" => not(
+                "agreement",
+                "one self-traced run, no separate FUSED run to hold its sum against",
+            ),
+            "overhead" => not(
+                "overhead",
+                "the cost of the engine's own tracing is unknown",
+            ),
+            "outputs" => not(
+                "outputs",
+                "a trace carries no logits to check identical or finite",
+            ),
+            "noise" => not(
+                "noise",
+                "opledger did not run the engine, no noise gate was around it",
+            ),
+            _ => continue,
+        };
     }
 }
 

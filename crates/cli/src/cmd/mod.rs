@@ -4,6 +4,7 @@ pub mod ab;
 pub mod common;
 pub mod flags;
 pub mod graph;
+pub mod import;
 pub mod ledger;
 pub mod ops;
 pub mod profile;

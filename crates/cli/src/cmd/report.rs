@@ -55,6 +55,8 @@ enum FormatArg {
     Perfetto,
     /// The run's chart.
     Svg,
+    /// opledger's node records (JSON lines), profile runs only.
+    Jsonl,
 }
 
 impl From<FormatArg> for Format {
@@ -70,6 +72,7 @@ impl From<FormatArg> for Format {
             FormatArg::Sql => Format::Sql,
             FormatArg::Perfetto => Format::Perfetto,
             FormatArg::Svg => Format::Svg,
+            FormatArg::Jsonl => Format::Jsonl,
         }
     }
 }

@@ -1,0 +1,1064 @@
+//! Chrome trace-event JSON (PyTorch's Kineto, `tracing-chrome`, chrome://tracing, Perfetto),
+//! streamed: the events are read one by one through serde's visitor, and only each thread's
+//! stack of open spans, the step windows and per-step aggregates are kept, so a trace of
+//! gigabytes takes memory in proportion to its distinct spans and steps, never to its events.
+//!
+//! What is read: `X` (complete: `ts`, `dur`) and `B` / `E` (begin, end) events on any number of
+//! pid/tid pairs, either as the top-level array or as the `traceEvents` array of an object.
+//! Timestamps are microseconds (the format's unit), or nanoseconds where the object says
+//! `"displayTimeUnit": "ns"` (the unit is applied at the end, so the key may come after the
+//! events). Every other phase (metadata, counters, instants, flows, async `b`/`e`) is counted
+//! and skipped. Events of one thread must come in the order they start (B/E always do; Kineto
+//! and chrome://tracing write `X` events sorted by `ts`); an `X` that starts before the last
+//! start on its thread is refused rather than mis-nested.
+//!
+//! Self time of a span = its duration less the durations of its direct children on the same
+//! thread. Steps (a forward pass) are spans whose name matches a pattern; a span belongs to the
+//! step it is nested in, or, on another thread, to the step whose time window holds its start.
+
+use rustc_hash::FxHashMap as HashMap;
+use std::fmt;
+use std::io::Read;
+
+use regex::Regex;
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+
+/// Timestamps closer than this (in the trace's unit) are the same instant: `ts + dur` of a
+/// child written with rounded floats may pass its parent's end by a rounding step.
+const EPS: f64 = 1e-3;
+
+/// Spans outside every step seen so far that are kept to be matched again at the end (a worker
+/// thread's span written before the step that holds it); beyond this they count as outside.
+const PENDING_CAP: usize = 1 << 20;
+
+/// What identifies a span: its name, category and the arguments the rules read.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct SpanKey {
+    pub name: String,
+    pub cat: String,
+    /// The name of the span it is nested in on its thread (empty at the top).
+    pub parent: String,
+    /// The arguments the rules read and `Input Dims`, as `key=value` pairs (JSON values).
+    pub args: Vec<(String, String)>,
+}
+
+impl SpanKey {
+    /// The value of argument `key`, if the span carried it.
+    pub fn arg(&self, key: &str) -> Option<&str> {
+        self.args
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One step (forward pass): its wall and the self time of every span in it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepAgg {
+    pub name: String,
+    pub start_us: f64,
+    pub wall_us: f64,
+    /// Self microseconds per span key (index into [`TraceSummary::keys`]), dense.
+    pub self_us: Vec<f64>,
+    /// Spans attributed to this step.
+    pub spans: u64,
+}
+
+/// What a trace held, per step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceSummary {
+    pub keys: Vec<SpanKey>,
+    pub steps: Vec<StepAgg>,
+    /// Every event of the trace, of any phase.
+    pub events: u64,
+    /// Spans (X, or a B/E pair) read.
+    pub spans: u64,
+    /// Events of phases other than X, B and E (skipped).
+    pub skipped_events: u64,
+    /// Spans outside every step (warm-up, loading): not counted.
+    pub outside_steps: u64,
+    /// B events never closed by an E (at the end of the trace): not counted.
+    pub unclosed: u64,
+    /// Distinct (pid, tid) pairs with spans.
+    pub threads: usize,
+    /// `us` or `ns`: the unit the timestamps were read in.
+    pub time_unit: String,
+}
+
+/// How to read a trace.
+#[derive(Debug, Clone)]
+pub struct TraceOptions {
+    /// A span whose name matches is a step (the outermost on its thread).
+    pub step: Regex,
+    /// Argument keys kept in span keys (those the rules read), besides `Input Dims`.
+    pub arg_keys: Vec<String>,
+}
+
+/// The default step pattern: a forward pass or a profiler step.
+pub const DEFAULT_STEP_PATTERN: &str = r"(?i)^(forward|model_forward|ProfilerStep#\d+)$";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("{file}: not valid trace JSON: {source}")]
+    Json {
+        file: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "{file}: not a Chrome trace: expected an array of events or an object with `traceEvents`"
+    )]
+    NotATrace { file: String },
+    #[error("{file}: no step span: no span name matches /{pattern}/ ({spans} spans read; most frequent names: {names}); give the pattern of a forward pass with --step")]
+    NoStep {
+        file: String,
+        pattern: String,
+        spans: u64,
+        names: String,
+    },
+    #[error("{file}: spans overlap without nesting on {thread}: {detail}")]
+    Overlap {
+        file: String,
+        thread: String,
+        detail: String,
+    },
+    #[error("{file}: an E event ('{name}' at {ts}) on {thread} without a B to close")]
+    EndWithoutBegin {
+        file: String,
+        thread: String,
+        name: String,
+        ts: f64,
+    },
+    #[error("{file}: events of {thread} are not in the order they start: {detail}; sort the trace by ts")]
+    OutOfOrder {
+        file: String,
+        thread: String,
+        detail: String,
+    },
+    #[error("{file}: event {index}: {why}")]
+    BadEvent {
+        file: String,
+        index: u64,
+        why: String,
+    },
+    #[error("{file}: {source}")]
+    Io {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A pid or tid: a number or a string.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Id {
+    Num(i64),
+    Str(String),
+}
+
+impl fmt::Display for Id {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Id::Num(n) => write!(f, "{n}"),
+            Id::Str(s) => f.write_str(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Id {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Id, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Id;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a number or a string")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Id, E> {
+                Ok(Id::Num(v as i64))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Id, E> {
+                Ok(Id::Num(v))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Id, E> {
+                Ok(Id::Num(v as i64))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Id, E> {
+                Ok(Id::Str(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One event as read: the fields opledger uses, and of `args` only the keys it keeps.
+#[derive(Default)]
+struct Event {
+    name: String,
+    cat: String,
+    ph: u8,
+    ts: Option<f64>,
+    dur: Option<f64>,
+    pid: Option<Id>,
+    tid: Option<Id>,
+    /// The kept arguments, as `key=value` text.
+    args: Vec<(String, String)>,
+}
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "lowercase")]
+enum Field {
+    Name,
+    Cat,
+    Ph,
+    Ts,
+    Dur,
+    Pid,
+    Tid,
+    Args,
+    #[serde(other)]
+    Other,
+}
+
+/// Reads one event, keeping of its `args` only `keep` (the keys the rules read).
+struct EventSeed<'k>(&'k [String]);
+
+impl<'de> DeserializeSeed<'de> for EventSeed<'_> {
+    type Value = Event;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Event, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EventSeed<'_> {
+    type Value = Event;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a trace event (an object)")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Event, A::Error> {
+        let mut ev = Event::default();
+        while let Some(k) = map.next_key::<Field>()? {
+            match k {
+                Field::Name => ev.name = map.next_value()?,
+                Field::Cat => ev.cat = map.next_value()?,
+                Field::Ph => {
+                    let ph: PhaseChar = map.next_value()?;
+                    ev.ph = ph.0;
+                }
+                Field::Ts => ev.ts = map.next_value()?,
+                Field::Dur => ev.dur = map.next_value()?,
+                Field::Pid => ev.pid = map.next_value()?,
+                Field::Tid => ev.tid = map.next_value()?,
+                Field::Args => ev.args = map.next_value_seed(ArgsSeed(self.0))?,
+                Field::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(ev)
+    }
+}
+
+/// The phase's first byte (`X`, `B`, `E`, ...), without allocating.
+struct PhaseChar(u8);
+
+impl<'de> Deserialize<'de> for PhaseChar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PhaseChar, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = PhaseChar;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a phase string")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PhaseChar, E> {
+                Ok(PhaseChar(if v.len() == 1 { v.as_bytes()[0] } else { 0 }))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// `args`: `Input Dims` and the keys the rules read, as text; the rest skipped.
+struct ArgsSeed<'k>(&'k [String]);
+
+impl<'de> DeserializeSeed<'de> for ArgsSeed<'_> {
+    type Value = Vec<(String, String)>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ArgsSeed<'_> {
+    type Value = Vec<(String, String)>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an args object")
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Vec::new())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut kept = Vec::new();
+        while let Some(k) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if k == "Input Dims" || self.0.iter().any(|w| *w == k) {
+                let v: serde_json::Value = map.next_value()?;
+                let text = match v {
+                    serde_json::Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                kept.push((k.into_owned(), text));
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        kept.sort();
+        Ok(kept)
+    }
+}
+
+struct Frame {
+    key: u32,
+    start: f64,
+    /// Known for X spans; set by the E of a B span.
+    end: Option<f64>,
+    child_sum: f64,
+    /// The step this span is (or is nested in) on its own thread.
+    step: Option<usize>,
+    /// This span is the step.
+    is_step: bool,
+}
+
+#[derive(Default)]
+struct Thread {
+    stack: Vec<Frame>,
+    last_start: f64,
+}
+
+struct StepWin {
+    name: String,
+    start: f64,
+    end: Option<f64>,
+    self_by_key: HashMap<u32, f64>,
+    spans: u64,
+}
+
+/// The state the visitor feeds, event by event.
+struct State<'o> {
+    file: String,
+    opts: &'o TraceOptions,
+    key_ids: HashMap<SpanKey, u32>,
+    keys: Vec<SpanKey>,
+    name_counts: Vec<u64>,
+    thread_ids: HashMap<(Id, Id), usize>,
+    /// Per thread, in the order first seen; `tid_names[i]` is thread i's (pid, tid).
+    threads: Vec<Thread>,
+    tid_names: Vec<(Id, Id)>,
+    /// The last thread looked up (consecutive events are mostly of one thread).
+    last_thread: Option<usize>,
+    steps: Vec<StepWin>,
+    pending: Vec<(f64, u32, f64)>,
+    events: u64,
+    spans: u64,
+    skipped: u64,
+    outside: u64,
+    unclosed: u64,
+    error: Option<TraceError>,
+}
+
+impl<'o> State<'o> {
+    fn key_of(&mut self, ev: &mut Event, tid: usize, ts: f64) -> u32 {
+        let args = std::mem::take(&mut ev.args);
+        self.close_until(tid, ts);
+        let parent = match self.threads[tid].stack.last() {
+            Some(f) => self.keys[f.key as usize].name.clone(),
+            None => String::new(),
+        };
+        let key = SpanKey {
+            name: std::mem::take(&mut ev.name),
+            cat: std::mem::take(&mut ev.cat),
+            parent,
+            args,
+        };
+        if let Some(&id) = self.key_ids.get(&key) {
+            return id;
+        }
+        let id = self.keys.len() as u32;
+        self.keys.push(key.clone());
+        self.name_counts.push(0);
+        self.key_ids.insert(key, id);
+        id
+    }
+
+    /// The index of thread `tid`, added when new.
+    fn thread(&mut self, tid: (Id, Id)) -> usize {
+        if let Some(i) = self.last_thread {
+            if self.tid_names[i] == tid {
+                return i;
+            }
+        }
+        let i = match self.thread_ids.get(&tid) {
+            Some(&i) => i,
+            None => {
+                let i = self.threads.len();
+                self.threads.push(Thread::default());
+                self.tid_names.push(tid.clone());
+                self.thread_ids.insert(tid, i);
+                i
+            }
+        };
+        self.last_thread = Some(i);
+        i
+    }
+
+    fn event(&mut self, mut ev: Event) -> Result<(), TraceError> {
+        let index = self.events;
+        self.events += 1;
+        let ph = ev.ph;
+        if !matches!(ph, b'X' | b'B' | b'E') {
+            self.skipped += 1;
+            return Ok(());
+        }
+        let file = &self.file;
+        let bad = |why: &str| TraceError::BadEvent {
+            file: file.clone(),
+            index,
+            why: why.to_string(),
+        };
+        let ts = ev.ts.ok_or_else(|| bad("a span event without `ts`"))?;
+        if !ts.is_finite() {
+            return Err(bad("a `ts` that is not a finite number"));
+        }
+        let (ts, dur) = match ph {
+            b'X' => {
+                let dur = ev.dur.ok_or_else(|| bad("an X event without `dur`"))?;
+                if !dur.is_finite() || dur < 0.0 {
+                    return Err(bad("a `dur` that is negative or not a finite number"));
+                }
+                (ts, dur)
+            }
+            _ => (ts, 0.0),
+        };
+        let tid = self.thread((
+            ev.pid.take().unwrap_or(Id::Num(0)),
+            ev.tid.take().unwrap_or(Id::Num(0)),
+        ));
+        match ph {
+            b'X' => {
+                let key = self.key_of(&mut ev, tid, ts);
+                self.begin(tid, key, ts, Some(ts + dur))
+            }
+            b'B' => {
+                let key = self.key_of(&mut ev, tid, ts);
+                self.begin(tid, key, ts, None)
+            }
+            _ => self.end(tid, &ev.name, ts),
+        }
+    }
+
+    fn thread_label(&self, tid: usize) -> String {
+        let (p, t) = &self.tid_names[tid];
+        format!("pid {p} tid {t}")
+    }
+
+    fn overlap(&self, tid: usize, outer: &Frame, inner: u32, s: f64, e: f64) -> TraceError {
+        TraceError::Overlap {
+            file: self.file.clone(),
+            thread: self.thread_label(tid),
+            detail: format!(
+                "'{}' ({s}..{e}) starts inside '{}' ({}..{}) and ends after it",
+                self.keys[inner as usize].name,
+                self.keys[outer.key as usize].name,
+                outer.start,
+                outer.end.unwrap_or(f64::NAN)
+            ),
+        }
+    }
+
+    /// Closes the thread's spans that ended by `t` (X spans).
+    fn close_until(&mut self, tid: usize, t: f64) {
+        loop {
+            let th = &mut self.threads[tid];
+            match th.stack.last() {
+                Some(Frame { end: Some(e), .. }) if *e <= t + EPS => {
+                    let f = th.stack.pop().expect("non-empty");
+                    self.finish(tid, f);
+                }
+                _ => return,
+            }
+        }
+    }
+
+    fn begin(&mut self, tid: usize, key: u32, s: f64, end: Option<f64>) -> Result<(), TraceError> {
+        self.spans += 1;
+        self.name_counts[key as usize] += 1;
+        let th = &mut self.threads[tid];
+        if !th.stack.is_empty() && s + EPS < th.last_start {
+            let previous = th.last_start;
+            return Err(TraceError::OutOfOrder {
+                file: self.file.clone(),
+                thread: self.thread_label(tid),
+                detail: format!(
+                    "'{}' at {s} comes after a span starting at {previous}",
+                    self.keys[key as usize].name
+                ),
+            });
+        }
+        th.last_start = th.last_start.max(s);
+        self.close_until(tid, s);
+        let th = &mut self.threads[tid];
+        let parent_step = th.stack.last().and_then(|f| f.step);
+        if let (Some(top), Some(e)) = (self.threads[tid].stack.last(), end) {
+            if top.end.is_some_and(|te| e > te + EPS) {
+                return Err(self.overlap(tid, top, key, s, e));
+            }
+        }
+        let mut is_step = false;
+        let step = match parent_step {
+            Some(p) => Some(p),
+            None if self.opts.step.is_match(&self.keys[key as usize].name) => {
+                self.steps.push(StepWin {
+                    name: self.keys[key as usize].name.clone(),
+                    start: s,
+                    end,
+                    self_by_key: HashMap::default(),
+                    spans: 0,
+                });
+                is_step = true;
+                Some(self.steps.len() - 1)
+            }
+            None => None,
+        };
+        let th = &mut self.threads[tid];
+        th.stack.push(Frame {
+            key,
+            start: s,
+            end,
+            child_sum: 0.0,
+            step,
+            is_step,
+        });
+        Ok(())
+    }
+
+    fn end(&mut self, tid: usize, name: &str, t: f64) -> Result<(), TraceError> {
+        let end_without_begin = |st: &Self| TraceError::EndWithoutBegin {
+            file: st.file.clone(),
+            thread: st.thread_label(tid),
+            name: name.to_string(),
+            ts: t,
+        };
+        self.close_until(tid, t);
+        let th = &self.threads[tid];
+        let Some(top) = th.stack.last() else {
+            return Err(end_without_begin(self));
+        };
+        if let Some(te) = top.end {
+            // an X span still open at this E began inside the B span it closes and ends after it
+            let (k, s) = (top.key, top.start);
+            let Some(outer) = th.stack.iter().rev().find(|f| f.end.is_none()) else {
+                return Err(end_without_begin(self));
+            };
+            let outer = Frame {
+                key: outer.key,
+                start: outer.start,
+                end: Some(t),
+                child_sum: 0.0,
+                step: None,
+                is_step: false,
+            };
+            return Err(self.overlap(tid, &outer, k, s, te));
+        }
+        let top_name = &self.keys[top.key as usize].name;
+        if !name.is_empty() && name != top_name {
+            // the E closes a span other than the innermost open one
+            let inner = th
+                .stack
+                .iter()
+                .rev()
+                .find(|f| self.keys[f.key as usize].name == name);
+            return Err(TraceError::Overlap {
+                file: self.file.clone(),
+                thread: self.thread_label(tid),
+                detail: format!(
+                    "an E of '{name}'{} at {t} closes it while '{top_name}' (from {}), opened inside it, is still open",
+                    inner.map_or(String::new(), |f| format!(" (from {})", f.start)),
+                    top.start
+                ),
+            });
+        }
+        if t + EPS < top.start {
+            return Err(end_without_begin(self));
+        }
+        let mut f = self.threads[tid].stack.pop().expect("non-empty");
+        f.end = Some(t.max(f.start));
+        self.finish(tid, f);
+        Ok(())
+    }
+
+    /// A span closed: its self time goes to its step, its duration to its parent.
+    fn finish(&mut self, tid: usize, f: Frame) {
+        let end = f.end.expect("closed spans have an end");
+        let dur = end - f.start;
+        let self_time = (dur - f.child_sum).max(0.0);
+        let th = &mut self.threads[tid];
+        if let Some(parent) = th.stack.last_mut() {
+            parent.child_sum += dur;
+        }
+        if let (true, Some(step)) = (f.is_step, f.step) {
+            self.steps[step].end = Some(end);
+        }
+        let step = f.step.or_else(|| self.window_of(f.start));
+        match step {
+            Some(i) => self.attribute(i, f.key, self_time),
+            None if self.pending.len() < PENDING_CAP => {
+                self.pending.push((f.start, f.key, self_time))
+            }
+            None => self.outside += 1,
+        }
+    }
+
+    fn attribute(&mut self, step: usize, key: u32, self_time: f64) {
+        let w = &mut self.steps[step];
+        *w.self_by_key.entry(key).or_default() += self_time;
+        w.spans += 1;
+    }
+
+    /// The step whose window holds `t` (most recent first: steps come in time order).
+    fn window_of(&self, t: f64) -> Option<usize> {
+        self.steps
+            .iter()
+            .enumerate()
+            .rev()
+            .take(64)
+            .find(|(_, w)| t + EPS >= w.start && w.end.is_none_or(|e| t < e))
+            .map(|(i, _)| i)
+    }
+
+    fn into_summary(mut self, unit_scale: f64, unit: &str) -> Result<TraceSummary, TraceError> {
+        // close what is left: X spans end, B spans never closed are dropped
+        for tid in 0..self.threads.len() {
+            loop {
+                let th = &mut self.threads[tid];
+                let Some(f) = th.stack.pop() else { break };
+                if f.end.is_some() {
+                    self.finish(tid, f);
+                } else {
+                    self.unclosed += 1;
+                    // its children's durations were counted against it only
+                }
+            }
+        }
+        let pending = std::mem::take(&mut self.pending);
+        for (start, key, self_time) in pending {
+            let found = self
+                .steps
+                .iter()
+                .position(|w| w.end.is_some_and(|e| start + EPS >= w.start && start < e));
+            match found {
+                Some(i) => self.attribute(i, key, self_time),
+                None => self.outside += 1,
+            }
+        }
+        let closed: Vec<StepWin> = std::mem::take(&mut self.steps)
+            .into_iter()
+            .filter(|w| w.end.is_some())
+            .collect();
+        if closed.is_empty() {
+            let mut counts: Vec<(u64, &str)> = self
+                .name_counts
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| **c > 0)
+                .map(|(k, c)| (*c, self.keys[k].name.as_str()))
+                .collect();
+            counts.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
+            let names: Vec<String> = counts
+                .iter()
+                .take(5)
+                .map(|(c, n)| format!("'{n}' x{c}"))
+                .collect();
+            return Err(TraceError::NoStep {
+                file: self.file,
+                pattern: self.opts.step.as_str().to_string(),
+                spans: self.spans,
+                names: if names.is_empty() {
+                    "none".into()
+                } else {
+                    names.join(", ")
+                },
+            });
+        }
+        let n = self.keys.len();
+        let steps = closed
+            .into_iter()
+            .map(|w| {
+                let mut self_us = vec![0.0; n];
+                for (k, v) in w.self_by_key {
+                    self_us[k as usize] = v * unit_scale;
+                }
+                StepAgg {
+                    name: w.name,
+                    start_us: w.start * unit_scale,
+                    wall_us: (w.end.expect("closed") - w.start) * unit_scale,
+                    self_us,
+                    spans: w.spans,
+                }
+            })
+            .collect();
+        Ok(TraceSummary {
+            keys: self.keys,
+            steps,
+            events: self.events,
+            spans: self.spans,
+            skipped_events: self.skipped,
+            outside_steps: self.outside,
+            unclosed: self.unclosed,
+            threads: self.threads.len(),
+            time_unit: unit.to_string(),
+        })
+    }
+}
+
+/// The `traceEvents` array (or the top-level array), fed into the state element by element.
+struct Events<'a, 'o>(&'a mut State<'o>);
+
+impl<'de> DeserializeSeed<'de> for Events<'_, '_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Events<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of trace events")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(ev) = seq.next_element_seed(EventSeed(&self.0.opts.arg_keys))? {
+            if let Err(e) = self.0.event(ev) {
+                self.0.error = Some(e);
+                return Err(serde::de::Error::custom("stopped"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The top level: an array of events, or an object with `traceEvents` and `displayTimeUnit`.
+struct Top<'a, 'o> {
+    state: &'a mut State<'o>,
+    unit: &'a mut Option<String>,
+    found: &'a mut bool,
+}
+
+impl<'de> Visitor<'de> for Top<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of trace events or an object with traceEvents")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        *self.found = true;
+        Events(self.state).visit_seq(seq)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(k) = map.next_key::<String>()? {
+            match k.as_str() {
+                "traceEvents" => {
+                    *self.found = true;
+                    map.next_value_seed(Events(self.state))?;
+                }
+                "displayTimeUnit" => *self.unit = Some(map.next_value::<String>()?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads a Chrome trace from `reader` (`file` names it in errors), streamed.
+pub fn read_chrome<R: Read>(
+    reader: R,
+    file: &str,
+    opts: &TraceOptions,
+) -> Result<TraceSummary, TraceError> {
+    let mut state = State {
+        file: file.to_string(),
+        opts,
+        key_ids: HashMap::default(),
+        keys: Vec::new(),
+        name_counts: Vec::new(),
+        thread_ids: HashMap::default(),
+        threads: Vec::new(),
+        tid_names: Vec::new(),
+        last_thread: None,
+        steps: Vec::new(),
+        pending: Vec::new(),
+        events: 0,
+        spans: 0,
+        skipped: 0,
+        outside: 0,
+        unclosed: 0,
+        error: None,
+    };
+    let mut unit = None;
+    let mut found = false;
+    let mut de = serde_json::Deserializer::from_reader(reader);
+    let result = de.deserialize_any(Top {
+        state: &mut state,
+        unit: &mut unit,
+        found: &mut found,
+    });
+    if let Some(e) = state.error.take() {
+        return Err(e);
+    }
+    let json = |source| TraceError::Json {
+        file: file.to_string(),
+        source,
+    };
+    match result {
+        Ok(()) => {}
+        Err(e) if e.is_data() && !found => {
+            return Err(TraceError::NotATrace {
+                file: file.to_string(),
+            })
+        }
+        Err(e) => return Err(json(e)),
+    }
+    de.end().map_err(json)?;
+    if !found {
+        return Err(TraceError::NotATrace {
+            file: file.to_string(),
+        });
+    }
+    let (scale, name) = match unit.as_deref() {
+        Some("ns") => (1e-3, "ns"),
+        _ => (1.0, "us"),
+    };
+    state.into_summary(scale, name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(step: &str) -> TraceOptions {
+        TraceOptions {
+            step: Regex::new(step).unwrap(),
+            arg_keys: vec![],
+        }
+    }
+
+    fn read(text: &str, step: &str) -> Result<TraceSummary, TraceError> {
+        read_chrome(text.as_bytes(), "t.json", &opts(step))
+    }
+
+    fn self_of(s: &TraceSummary, step: usize, name: &str) -> f64 {
+        s.keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| k.name == name)
+            .map(|(i, _)| s.steps[step].self_us[i])
+            .sum()
+    }
+
+    #[test]
+    fn nested_x_spans_have_self_time_less_direct_children() {
+        // forward 0..100 > layer 10..60 > matmul 20..50; layer 60..90 > matmul 70..80
+        let t = r#"{"traceEvents":[
+          {"ph":"X","name":"forward","ts":0,"dur":100,"pid":1,"tid":1},
+          {"ph":"X","name":"layer","ts":10,"dur":50,"pid":1,"tid":1},
+          {"ph":"X","name":"matmul","ts":20,"dur":30,"pid":1,"tid":1},
+          {"ph":"X","name":"layer","ts":60,"dur":30,"pid":1,"tid":1},
+          {"ph":"X","name":"matmul","ts":70,"dur":10,"pid":1,"tid":1}
+        ]}"#;
+        let s = read(t, "^forward$").unwrap();
+        assert_eq!(s.steps.len(), 1);
+        assert_eq!(s.steps[0].wall_us, 100.0);
+        assert_eq!(self_of(&s, 0, "forward"), 20.0);
+        assert_eq!(self_of(&s, 0, "layer"), 40.0);
+        assert_eq!(self_of(&s, 0, "matmul"), 40.0);
+        assert_eq!(s.spans, 5);
+        assert_eq!(s.time_unit, "us");
+    }
+
+    #[test]
+    fn b_e_pairs_and_x_mix_and_the_top_level_array() {
+        let t = r#"[
+          {"ph":"B","name":"forward","ts":0,"pid":1,"tid":1},
+          {"ph":"B","name":"attn","ts":5,"pid":1,"tid":1},
+          {"ph":"X","name":"softmax","ts":6,"dur":2,"pid":1,"tid":1},
+          {"ph":"E","ts":15,"pid":1,"tid":1},
+          {"ph":"E","name":"forward","ts":20,"pid":1,"tid":1},
+          {"ph":"M","name":"thread_name","pid":1,"tid":1,"args":{"name":"main"}}
+        ]"#;
+        let s = read(t, "^forward$").unwrap();
+        assert_eq!(s.steps[0].wall_us, 20.0);
+        assert_eq!(self_of(&s, 0, "forward"), 10.0);
+        assert_eq!(self_of(&s, 0, "attn"), 8.0);
+        assert_eq!(self_of(&s, 0, "softmax"), 2.0);
+        assert_eq!(s.skipped_events, 1);
+    }
+
+    #[test]
+    fn nanoseconds_by_display_time_unit_even_after_the_events() {
+        let t = r#"{"traceEvents":[
+          {"ph":"X","name":"forward","ts":1000,"dur":4000,"pid":1,"tid":1},
+          {"ph":"X","name":"op","ts":2000,"dur":1000,"pid":1,"tid":1}
+        ],"displayTimeUnit":"ns"}"#;
+        let s = read(t, "^forward$").unwrap();
+        assert_eq!(s.time_unit, "ns");
+        assert_eq!(s.steps[0].wall_us, 4.0);
+        assert_eq!(self_of(&s, 0, "op"), 1.0);
+        assert_eq!(self_of(&s, 0, "forward"), 3.0);
+    }
+
+    #[test]
+    fn a_step_spans_threads_and_steps_are_separate() {
+        // the step runs on tid 1; a worker (tid 2, another pid too) runs inside its window;
+        // a span of tid 2 outside every step is not counted
+        let t = r#"{"traceEvents":[
+          {"ph":"X","name":"forward","ts":0,"dur":100,"pid":1,"tid":1},
+          {"ph":"X","name":"mm","ts":10,"dur":50,"pid":1,"tid":2},
+          {"ph":"X","name":"mm_part","ts":20,"dur":20,"pid":1,"tid":2},
+          {"ph":"X","name":"io","ts":150,"dur":10,"pid":1,"tid":2},
+          {"ph":"X","name":"forward","ts":200,"dur":50,"pid":1,"tid":1},
+          {"ph":"X","name":"mm","ts":210,"dur":5,"pid":"gpu","tid":"stream 7"}
+        ]}"#;
+        let s = read(t, "^forward$").unwrap();
+        assert_eq!(s.steps.len(), 2);
+        assert_eq!(self_of(&s, 0, "mm"), 30.0);
+        assert_eq!(self_of(&s, 0, "mm_part"), 20.0);
+        assert_eq!(self_of(&s, 0, "forward"), 100.0);
+        assert_eq!(self_of(&s, 1, "mm"), 5.0);
+        assert_eq!(s.outside_steps, 1);
+        assert_eq!(s.threads, 3);
+    }
+
+    #[test]
+    fn kineto_fields_category_and_input_dims() {
+        let t = r#"{"schemaVersion":1,"deviceProperties":[],"traceEvents":[
+          {"ph":"X","cat":"user_annotation","name":"ProfilerStep#3","pid":7,"tid":7,"ts":1.5,"dur":100.0,"args":{"External id":1}},
+          {"ph":"X","cat":"cpu_op","name":"aten::mm","pid":7,"tid":7,"ts":2.0,"dur":40.0,"args":{"External id":2,"Input Dims":[[4,8],[8,16]],"Input type":["float","float"]}},
+          {"ph":"X","cat":"cpu_op","name":"aten::mm","pid":7,"tid":7,"ts":50.0,"dur":10.0,"args":{"External id":3,"Input Dims":[[4,16],[16,8]]}}
+        ],"displayTimeUnit":"ms"}"#;
+        let s = read(t, DEFAULT_STEP_PATTERN).unwrap();
+        assert_eq!(s.time_unit, "us");
+        let mm: Vec<&SpanKey> = s.keys.iter().filter(|k| k.name == "aten::mm").collect();
+        assert_eq!(mm.len(), 2, "distinct input dims are distinct spans");
+        assert_eq!(mm[0].cat, "cpu_op");
+        assert_eq!(mm[0].arg("Input Dims"), Some("[[4,8],[8,16]]"));
+        assert_eq!(self_of(&s, 0, "aten::mm"), 50.0);
+        assert_eq!(self_of(&s, 0, "ProfilerStep#3"), 50.0);
+    }
+
+    #[test]
+    fn truncated_json_is_an_error_naming_the_file() {
+        let t = r#"{"traceEvents":[{"ph":"X","name":"forward","ts":0,"dur":1,"pid":1,"tid":1},{"ph":"X","na"#;
+        let e = read(t, "^forward$").unwrap_err();
+        assert!(matches!(e, TraceError::Json { .. }), "{e}");
+        assert!(
+            e.to_string().starts_with("t.json: not valid trace JSON"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn no_step_span_names_the_pattern_and_the_names_seen() {
+        let t = r#"[{"ph":"X","name":"op","ts":0,"dur":1,"pid":1,"tid":1}]"#;
+        let e = read(t, "^forward$").unwrap_err().to_string();
+        assert!(e.contains("no step span") && e.contains("'op' x1"), "{e}");
+    }
+
+    #[test]
+    fn spans_overlapping_without_nesting_are_refused() {
+        let t = r#"[{"ph":"X","name":"forward","ts":0,"dur":100,"pid":1,"tid":1},
+                    {"ph":"X","name":"a","ts":10,"dur":20,"pid":1,"tid":1},
+                    {"ph":"X","name":"b","ts":20,"dur":20,"pid":1,"tid":1}]"#;
+        let e = read(t, "^forward$").unwrap_err();
+        assert!(matches!(e, TraceError::Overlap { .. }), "{e}");
+        // B/E: the E closes a span other than the innermost open one
+        let t = r#"[{"ph":"B","name":"forward","ts":0,"pid":1,"tid":1},
+                    {"ph":"B","name":"a","ts":1,"pid":1,"tid":1},
+                    {"ph":"E","name":"forward","ts":5,"pid":1,"tid":1}]"#;
+        assert!(matches!(
+            read(t, "^forward$").unwrap_err(),
+            TraceError::Overlap { .. }
+        ));
+    }
+
+    #[test]
+    fn e_without_b_is_refused() {
+        let t = r#"[{"ph":"X","name":"forward","ts":0,"dur":100,"pid":1,"tid":1},
+                    {"ph":"E","name":"x","ts":20,"pid":1,"tid":2}]"#;
+        let e = read(t, "^forward$").unwrap_err();
+        assert!(matches!(e, TraceError::EndWithoutBegin { .. }), "{e}");
+    }
+
+    #[test]
+    fn out_of_order_x_events_are_refused_and_other_json_is_not_a_trace() {
+        let t = r#"[{"ph":"X","name":"forward","ts":10,"dur":100,"pid":1,"tid":1},
+                    {"ph":"X","name":"a","ts":50,"dur":5,"pid":1,"tid":1},
+                    {"ph":"X","name":"b","ts":20,"dur":5,"pid":1,"tid":1}]"#;
+        assert!(matches!(
+            read(t, "^forward$").unwrap_err(),
+            TraceError::OutOfOrder { .. }
+        ));
+        for t in [r#"{"a":1}"#, r#"3"#, r#""x""#] {
+            let e = read(t, "^forward$").unwrap_err();
+            assert!(matches!(e, TraceError::NotATrace { .. }), "{t}: {e}");
+        }
+        let e = read(r#"[{"ph":"X","name":"a","ts":0,"pid":1,"tid":1}]"#, "a").unwrap_err();
+        assert!(
+            e.to_string().contains("event 0: an X event without `dur`"),
+            "{e}"
+        );
+    }
+
+    /// The import rate on one core: run with
+    /// `cargo test --release -p opledger-core trace::tests::import_rate -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn import_rate() {
+        let steps = 2_000;
+        let per_step = 500;
+        let mut t = String::from("{\"traceEvents\":[\n");
+        let mut ts = 0u64;
+        for s in 0..steps {
+            let start = ts;
+            t.push_str(&format!(
+                "{{\"ph\":\"X\",\"cat\":\"cpu_op\",\"name\":\"forward\",\"ts\":{start},\"dur\":{},\"pid\":1,\"tid\":1}},\n",
+                per_step * 10 + 5
+            ));
+            for i in 0..per_step {
+                ts += 10;
+                let name = ["qmatmul", "softmax", "rms_norm", "rope", "silu"][i % 5];
+                t.push_str(&format!(
+                    "{{\"ph\":\"X\",\"cat\":\"cpu_op\",\"name\":\"{name}\",\"ts\":{ts},\"dur\":8,\"pid\":1,\"tid\":{},\"args\":{{\"layer\":{}}}}},\n",
+                    1 + (i % 2),
+                    i / 20
+                ));
+            }
+            ts += 20;
+            let _ = s;
+        }
+        t.push_str("{\"ph\":\"M\",\"name\":\"end\",\"pid\":1,\"tid\":1}]}");
+        let t0 = std::time::Instant::now();
+        let s = read_chrome(
+            std::io::BufReader::new(t.as_bytes()),
+            "bench.json",
+            &opts(DEFAULT_STEP_PATTERN),
+        )
+        .unwrap();
+        let secs = t0.elapsed().as_secs_f64();
+        println!(
+            "import rate: {} events ({:.1} MB) in {:.3} s = {:.2} M events/s",
+            s.events,
+            t.len() as f64 / 1e6,
+            secs,
+            s.events as f64 / secs / 1e6
+        );
+        assert_eq!(s.steps.len(), steps);
+    }
+}
