@@ -11,6 +11,7 @@ mod end_to_end;
 mod finite;
 mod flags;
 mod gate;
+mod import;
 mod ledger;
 mod llama_profile;
 mod ops;
