@@ -115,12 +115,17 @@ pub(super) fn checks(raw: &ProfileRaw, assignments: &[Assignment], f: &Figures<'
         },
         Check {
             name: "outputs".into(),
-            status: if identical {
+            status: if raw.output_hashes.is_empty() {
+                CheckStatus::Warn
+            } else if identical {
                 CheckStatus::Pass
             } else {
                 CheckStatus::Fail
             },
-            detail: if identical {
+            detail: if raw.output_hashes.is_empty() {
+                // node records and imported traces carry no outputs: nothing was compared
+                "not measured: the run recorded no output hashes".into()
+            } else if identical {
                 "every run of every mode returned bit-identical logits".into()
             } else {
                 "runs returned different logits".into()

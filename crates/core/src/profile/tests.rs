@@ -513,3 +513,24 @@ fn a_timed_run_of_the_wrong_length_is_refused() {
     let err = analyse(&raw, &rules, &arch).unwrap_err();
     assert!(err.to_string().contains("cycle 1 timed 5 nodes"), "{err}");
 }
+
+#[test]
+fn a_run_without_output_hashes_does_not_claim_identical_outputs() {
+    let mut e = MockEngine::new(&NODES);
+    let mut raw = measure(&mut e, &cfg(2), &mut |_, _, _| {}).unwrap();
+    let rules = BandRules::builtin("qwen35moe").unwrap();
+    let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+    let measured = analyse(&raw, &rules, &arch).unwrap().1;
+    let c = measured
+        .checks
+        .iter()
+        .find(|c| c.name == "outputs")
+        .unwrap();
+    assert_eq!(c.status, CheckStatus::Pass);
+    // node records and imported traces carry no outputs
+    raw.output_hashes.clear();
+    let s = analyse(&raw, &rules, &arch).unwrap().1;
+    let c = s.checks.iter().find(|c| c.name == "outputs").unwrap();
+    assert_eq!(c.status, CheckStatus::Warn);
+    assert!(c.detail.contains("not measured"), "{}", c.detail);
+}
