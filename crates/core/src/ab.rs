@@ -385,7 +385,7 @@ pub struct LedgerRow {
 }
 
 /// serde_json writes a NaN as `null`; read it back as NaN so a stored ledger round-trips.
-fn nan_when_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+pub(crate) fn nan_when_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 

@@ -102,11 +102,11 @@ pub struct ReplayResult {
     /// Validation 1: every replayable node replayed once; its increment against the baseline's
     /// work.
     pub replay_all_ms: f64,
-    #[serde(deserialize_with = "nan_when_null")]
+    #[serde(deserialize_with = "crate::ab::nan_when_null")]
     pub replay_all_over_baseline: f64,
     /// Validation 2: the sum of per-band increments against the replay-all increment.
     pub sum_of_bands_ms: f64,
-    #[serde(deserialize_with = "nan_when_null")]
+    #[serde(deserialize_with = "crate::ab::nan_when_null")]
     pub sum_over_replay_all: f64,
     /// Validation 3: the largest band replayed k = 1, 2, 4 times: increment per replay.
     pub scaling_band: String,
@@ -117,7 +117,7 @@ pub struct ReplayResult {
     pub scaling_spread: f64,
     /// The line through the median total increments at k = 1, 2, 4: slope (ms per replay), R².
     pub scaling_slope_ms: f64,
-    #[serde(deserialize_with = "nan_when_null")]
+    #[serde(deserialize_with = "crate::ab::nan_when_null")]
     pub scaling_r2: f64,
     /// Every replay run returned the baseline's logits bit for bit.
     pub outputs_identical: bool,
@@ -132,12 +132,6 @@ pub struct ReplayResult {
     /// Their share of the TIMED node time, where the caller knows it (else 0).
     #[serde(default)]
     pub excluded_share: f64,
-}
-
-/// serde_json writes a NaN or an infinity as `null`: a ratio over nothing reads back as NaN, so
-/// that a stored ledger whose replay failed round-trips.
-fn nan_when_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// The spread of costs is infinite (stored as `null`) when one cost is not positive.
