@@ -46,6 +46,7 @@ fn ab(model: &std::path::Path, a: &str, b: &str, extra: &[&str]) -> (i32, serde_
 
 #[test]
 fn a_kv_cache_that_changes_the_output_is_refused() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let (code, r) = ab(
@@ -69,6 +70,7 @@ fn a_kv_cache_that_changes_the_output_is_refused() {
 
 #[test]
 fn the_same_configuration_returns_bit_identical_output() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let (code, r) = ab(&model, "threads=2", "threads=2,flash_attn=auto", &[]);

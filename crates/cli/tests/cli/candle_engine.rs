@@ -207,6 +207,7 @@ fn agree(path: &Path, what: &str, tol: &Tolerance, w: &Work) {
 
 #[test]
 fn tiny_qwen3moe_logits_agree_with_llama_cpp() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let path = synth(dir.path(), "tiny-qwen3moe");
     agree(&path, "qwen3moe last", &QUANTISED, &work(64, 0, false));
@@ -222,6 +223,7 @@ fn tiny_qwen3moe_logits_agree_with_llama_cpp() {
 
 #[test]
 fn float_weights_agree_closely() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let path = synth_f32(dir.path(), "tiny-qwen3moe");
     agree(&path, "qwen3moe f32 all", &FLOAT, &work(64, 0, true));
@@ -238,6 +240,7 @@ fn float_weights_agree_closely() {
 
 #[test]
 fn dense_models_agree_with_llama_cpp() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     for preset in ["tiny-qwen3", "tiny-llama"] {
         let path = synth(dir.path(), preset);
@@ -341,6 +344,7 @@ fn count(graph: &[NodeInfo], op: &str, name_token: &str) -> usize {
 
 #[test]
 fn tiny_qwen3moe_graph_follows_the_architecture_and_the_routing() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let path = synth(dir.path(), "tiny-qwen3moe");
     let chunk = 64usize;
@@ -394,6 +398,7 @@ fn tiny_qwen3moe_graph_follows_the_architecture_and_the_routing() {
 
 #[test]
 fn all_logits_run_the_last_layer_on_every_token() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let path = synth(dir.path(), "tiny-qwen3moe");
     let (arch, _, _, routing) = profile_and_check(&path, &work(32, 0, true));
@@ -403,6 +408,7 @@ fn all_logits_run_the_last_layer_on_every_token() {
 
 #[test]
 fn dense_models_profile_with_full_coverage() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     for (preset, attention_per_layer) in [("tiny-qwen3", 13), ("tiny-llama", 11)] {
         let path = synth(dir.path(), preset);
@@ -425,6 +431,7 @@ fn dense_models_profile_with_full_coverage() {
 
 #[test]
 fn depth_state_is_restored_between_runs() {
+    let _machine = crate::machine::shared();
     // At depth 96 every run must start from the prepared cache: repeated runs of every mode
     // return bit-identical logits (a run that moved the cache on would not).
     let dir = tempfile::tempdir().unwrap();
@@ -495,6 +502,7 @@ fn fuse_gate_up(src: &Path, dst: &Path) {
 
 #[test]
 fn fused_gate_up_experts_compute_what_separate_ones_do() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let separate = synth(dir.path(), "tiny-qwen3moe");
     let fused = dir.path().join("fused.gguf");
@@ -563,6 +571,7 @@ fn llama_decode_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
 
 #[test]
 fn candle_decode_steps_agree_with_llama_cpp_decode() {
+    let _machine = crate::machine::shared();
     // 4 steps of 3 sequences sharing a context filled to 40 tokens (in batches of 16): each
     // sequence attends over the shared prefix and its own earlier steps only
     let dir = tempfile::tempdir().unwrap();
@@ -596,6 +605,7 @@ fn candle_decode_steps_agree_with_llama_cpp_decode() {
 
 #[test]
 fn candle_decode_computes_one_token_per_sequence_per_step() {
+    let _machine = crate::machine::shared();
     // `profile --engine candle -n 3 --parallel 2`: the run is 3 steps of 2 tokens, never a
     // prefill chunk divided by decode tokens
     let dir = tempfile::tempdir().unwrap();

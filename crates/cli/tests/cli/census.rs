@@ -59,6 +59,7 @@ fn synth(dir: &Path, preset: &str) -> PathBuf {
 
 #[test]
 fn cheap_capture_sees_the_graph_a_full_run_computes() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     for preset in ["tiny-qwen35moe", "tiny-qwen3moe"] {
         let path = synth(dir.path(), preset);
@@ -79,6 +80,7 @@ fn cheap_capture_sees_the_graph_a_full_run_computes() {
 
 #[test]
 fn every_expected_count_is_found_on_tiny_models() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     for preset in [
         "tiny-qwen35moe",
@@ -120,6 +122,7 @@ fn every_expected_count_is_found_on_tiny_models() {
 
 #[test]
 fn a_rule_that_drops_the_shared_expert_fails_on_the_real_graph() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let path = synth(dir.path(), "tiny-qwen35moe");
     let mut rules = BandRules::builtin("qwen35moe").unwrap();
@@ -145,6 +148,7 @@ fn a_rule_that_drops_the_shared_expert_fails_on_the_real_graph() {
 
 #[test]
 fn counts_do_not_depend_on_widths() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let narrow = TINY_QWEN35MOE;
     let wide = Preset {
@@ -184,6 +188,7 @@ fn counts_do_not_depend_on_widths() {
 
 #[test]
 fn census_at_a_depth_attends_over_the_filled_cache() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let path = synth(dir.path(), "tiny-qwen35moe");
     let mut e = engine(&path, FlashAttn::On, true);

@@ -10,6 +10,7 @@ fn opledger() -> Command {
 
 #[test]
 fn profile_writes_a_complete_run_folder_once() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny.gguf");
     opledger()
@@ -97,6 +98,7 @@ fn profile_writes_a_complete_run_folder_once() {
 
 #[test]
 fn a_file_that_is_not_gguf_is_refused_before_llama_cpp_sees_it() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.gguf");
     std::fs::write(&bad, b"definitely not a model file").unwrap();
@@ -127,6 +129,7 @@ fn a_file_that_is_not_gguf_is_refused_before_llama_cpp_sees_it() {
 
 #[test]
 fn synth_refuses_to_overwrite_and_lists_presets() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m.gguf");
     std::fs::write(&model, b"x").unwrap();
@@ -148,6 +151,7 @@ fn synth_refuses_to_overwrite_and_lists_presets() {
 
 #[test]
 fn profile_engine_candle_writes_a_run_folder_named_after_candle() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny.gguf");
     opledger()

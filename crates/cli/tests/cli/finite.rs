@@ -42,6 +42,7 @@ fn f16_is_nan(bits: u16) -> bool {
 
 #[test]
 fn a_model_with_nan_weights_fails_profile_with_exit_3() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = nan_model(dir.path());
     // the file is still valid: the gate accepts it, only the numbers are NaN
@@ -82,6 +83,7 @@ fn a_model_with_nan_weights_fails_profile_with_exit_3() {
 
 #[test]
 fn every_measuring_command_refuses_nan_logits_with_exit_3() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = nan_model(dir.path());
     let commands: [&[&str]; 7] = [

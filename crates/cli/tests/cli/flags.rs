@@ -38,6 +38,7 @@ fn nothing_written(dir: &Path) {
 
 #[test]
 fn bad_flag_values_are_refused_with_exit_2_and_leave_no_folder() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let m = model.to_str().unwrap();
@@ -111,6 +112,7 @@ fn bad_flag_values_are_refused_with_exit_2_and_leave_no_folder() {
 
 #[test]
 fn a_band_file_for_another_architecture_is_refused() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let bands = dir.path().join("grok-bands.toml");
@@ -140,6 +142,7 @@ fn a_band_file_for_another_architecture_is_refused() {
 
 #[test]
 fn band_file_keys_that_match_nothing_are_a_warning_before_measuring() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let builtin = opledger_core::band::BUILTIN_RULES
@@ -187,6 +190,7 @@ fn band_file_keys_that_match_nothing_are_a_warning_before_measuring() {
 
 #[test]
 fn a_stored_run_of_a_newer_schema_version_is_refused_naming_the_file() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let runs = fixture::write_runs(dir.path());
     let bump = |file: &Path| {

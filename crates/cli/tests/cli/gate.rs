@@ -42,6 +42,7 @@ fn graph_refuses(model: &PathBuf, problem: &str) {
 
 #[test]
 fn graph_refuses_broken_models_before_llama_cpp() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
 
     let missing = dir.path().join("missing-key.gguf");
@@ -120,6 +121,7 @@ fn profile_refuses(model: &Path, out: &Path, problem: &str) {
 
 #[test]
 fn profile_refuses_unknown_architectures_and_family_aborts_before_llama_cpp() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
 
     // An architecture the linked llama.cpp does not know.
@@ -182,6 +184,7 @@ fn profile_refuses_unknown_architectures_and_family_aborts_before_llama_cpp() {
 
 #[test]
 fn profile_prints_the_gates_notes_to_stderr_before_measuring() {
+    let _machine = crate::machine::shared();
     // A qwen3 model relabelled qwen2: an architecture llama.cpp loads and opledger plans no
     // tensors for. The gate checks its keys and notes that its tensors were not checked;
     // llama.cpp then refuses the extra q/k norm tensors itself, with an error, not an abort.

@@ -5,12 +5,6 @@
 
 use assert_cmd::Command;
 
-/// The tests of this file time engines: one at a time, not beside each other on two cores.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn opledger() -> Command {
     Command::cargo_bin("opledger").unwrap()
 }
@@ -27,7 +21,7 @@ fn tiny(dir: &std::path::Path) -> std::path::PathBuf {
 
 #[test]
 fn replay_keeps_outputs_and_a_failed_validation_fails_the_run() {
-    let _one_at_a_time = serial();
+    let _machine = crate::machine::alone();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let output = opledger()
@@ -142,7 +136,7 @@ fn replay_keeps_outputs_and_a_failed_validation_fails_the_run() {
 
 #[test]
 fn compare_puts_two_stored_runs_side_by_side_and_refuses_different_work() {
-    let _one_at_a_time = serial();
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let profile = |name: &str, depth: &str| {

@@ -94,6 +94,7 @@ fn profile_and_check(path: &Path) -> (ArchInfo, Vec<opledger_core::node::NodeInf
 
 #[test]
 fn tiny_qwen35moe_counts_follow_the_architecture() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let (arch, graph) = profile_and_check(&synth(dir.path(), "tiny-qwen35moe", false));
     let full = arch.layers_of(LayerKind::FullAttention);
@@ -113,6 +114,7 @@ fn tiny_qwen35moe_counts_follow_the_architecture() {
 
 #[test]
 fn fused_gate_up_has_two_expert_matmuls_per_layer() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let (arch, graph) = profile_and_check(&synth(dir.path(), "tiny-qwen35moe", true));
     assert!(arch.fused_gate_up);
@@ -121,6 +123,7 @@ fn fused_gate_up_has_two_expert_matmuls_per_layer() {
 
 #[test]
 fn tiny_qwen3moe_counts_follow_the_architecture() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let (arch, graph) = profile_and_check(&synth(dir.path(), "tiny-qwen3moe", false));
     assert_eq!(arch.layers_of(LayerKind::FullAttention), arch.n_layers());
@@ -131,6 +134,7 @@ fn tiny_qwen3moe_counts_follow_the_architecture() {
 
 #[test]
 fn dense_models_profile_with_full_coverage() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     for preset in ["tiny-qwen3", "tiny-llama"] {
         let (arch, graph) = profile_and_check(&synth(dir.path(), preset, false));
@@ -141,6 +145,7 @@ fn dense_models_profile_with_full_coverage() {
 
 #[test]
 fn depth_state_is_restored_between_runs() {
+    let _machine = crate::machine::shared();
     // At depth 128 every run restores the saved context first: repeated runs of every mode
     // must return bit-identical logits (a run that appended to the cache would not).
     let dir = tempfile::tempdir().unwrap();
@@ -247,6 +252,7 @@ fn expected_counts(
 
 #[test]
 fn every_family_profiles_with_full_coverage_and_the_counts_its_architecture_predicts() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let families: Vec<&opledger_gguf::Preset> = opledger_gguf::presets()
         .iter()
@@ -298,6 +304,7 @@ fn every_family_profiles_with_full_coverage_and_the_counts_its_architecture_pred
 
 #[test]
 fn isolation_is_calibrated_through_the_scheduler_and_the_callback() {
+    let _machine = crate::machine::shared();
     // The calibration's trivial nodes take TIMED mode's path: every node asked, computed alone
     // by a scheduler, observed by the instrument's callback, with views between them as a real
     // graph has (after a view the pool's workers sleep and the next node must wake them). That

@@ -4,6 +4,25 @@
 #[path = "../../../report/tests/fixture/mod.rs"]
 mod fixture;
 
+/// The machine the tests share. A test whose assertions rest on timing (slopes across depth,
+/// replay validations) takes it alone; every other test shares it, so a timed measurement never
+/// runs beside another engine's threads (two two-thread engines on two cores time the
+/// scheduler, not the engine). The lock prefers a waiting writer: once a timing test waits, no
+/// new test starts beside it.
+mod machine {
+    use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+    static MACHINE: RwLock<()> = RwLock::new(());
+
+    pub fn alone() -> RwLockWriteGuard<'static, ()> {
+        MACHINE.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn shared() -> RwLockReadGuard<'static, ()> {
+        MACHINE.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 mod ab;
 mod candle_engine;
 mod census;

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 #[test]
 fn captured_routing_touches_nearly_every_expert_and_every_op_times_alone() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.gguf");
     synthesize(&SynthOptions::new("tiny-qwen35moe"), &path, &mut |_, _| {}).unwrap();
@@ -90,6 +91,7 @@ fn ops_run(model: &std::path::Path, out: &std::path::Path, args: &[&str]) -> (Va
 
 #[test]
 fn decode_ops_time_one_step_and_first_k_reads_fewer_expert_bytes_than_the_real_routing() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("t.gguf");
     synthesize(&SynthOptions::new("tiny-qwen35moe"), &model, &mut |_, _| {}).unwrap();

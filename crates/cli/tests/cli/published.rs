@@ -31,6 +31,7 @@ fn gemma3_270m() -> PathBuf {
 
 #[test]
 fn gemma3_270m_layer_kinds_follow_its_sliding_window() {
+    let _machine = crate::machine::shared();
     let model = gemma3_270m();
     let out = opledger()
         .args(["graph", "--json", "-p", "64", "-m"])
@@ -88,6 +89,7 @@ fn gemma3_270m_layer_kinds_follow_its_sliding_window() {
 
 #[test]
 fn gemma3_270m_profiles_with_full_coverage() {
+    let _machine = crate::machine::shared();
     let model = gemma3_270m();
     let dir = tempfile::tempdir().unwrap();
     let out = opledger()

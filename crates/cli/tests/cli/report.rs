@@ -24,6 +24,7 @@ fn formats(kind: &str) -> Vec<&'static str> {
 
 #[test]
 fn every_format_of_every_run_renders_the_same_bytes_twice() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     for (kind, run) in fixture::write_runs(dir.path()) {
         for format in formats(kind) {
@@ -79,6 +80,7 @@ fn every_format_of_every_run_renders_the_same_bytes_twice() {
 
 #[test]
 fn a_stored_waste_summary_is_re_rendered_byte_for_byte() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let runs = fixture::write_runs(dir.path());
     let (_, waste) = runs.iter().find(|(k, _)| *k == "waste").unwrap();
@@ -93,6 +95,7 @@ fn a_stored_waste_summary_is_re_rendered_byte_for_byte() {
 
 #[test]
 fn chosen_formats_go_to_a_folder_and_stdout_takes_one() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let runs = fixture::write_runs(dir.path());
     let (_, profile) = &runs[0];
@@ -144,6 +147,7 @@ fn chosen_formats_go_to_a_folder_and_stdout_takes_one() {
 
 #[test]
 fn an_ab_whose_control_moved_is_inconclusive_in_every_format_and_exits_5() {
+    let _machine = crate::machine::shared();
     use opledger_core::ab::{Outcome, Verdict};
     let dir = tempfile::tempdir().unwrap();
     let mut r = fixture::ab_report();
@@ -228,6 +232,7 @@ fn written(kind: &str) -> &'static [(&'static str, &'static str)] {
 /// a format the kind lacks is refused naming what it has.
 #[test]
 fn every_kind_of_run_a_command_writes_is_re_rendered_byte_for_byte() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny.gguf");
     opledger()

@@ -126,6 +126,7 @@ fn open(kind: EngineKind, path: &Path) -> Box<dyn Engine> {
 
 #[test]
 fn every_engine_passes_the_soundness_suite() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let moe35 = model(dir.path(), "tiny-qwen35moe");
     let moe3 = model(dir.path(), "tiny-qwen3moe");

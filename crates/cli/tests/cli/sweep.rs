@@ -10,14 +10,6 @@ use std::time::{Duration, Instant};
 use assert_cmd::cargo::CommandCargoExt;
 use assert_cmd::Command;
 
-/// The timing tests of this file run one at a time: two sweeps sharing two cores would measure
-/// each other.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn tiny(dir: &Path) -> PathBuf {
     let model = dir.join("tiny.gguf");
     Command::cargo_bin("opledger")
@@ -48,7 +40,7 @@ fn chunk_files(run: &Path) -> Vec<String> {
 
 #[test]
 fn attention_grows_with_depth_and_every_depth_is_covered() {
-    let _one_at_a_time = serial();
+    let _machine = crate::machine::alone();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let run = dir.path().join("sweep");
@@ -123,7 +115,7 @@ fn attention_grows_with_depth_and_every_depth_is_covered() {
 
 #[test]
 fn a_sweep_killed_mid_pass_resumes_to_the_same_depths() {
-    let _one_at_a_time = serial();
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let run = dir.path().join("killed");
@@ -230,6 +222,7 @@ fn a_sweep_killed_mid_pass_resumes_to_the_same_depths() {
 
 #[test]
 fn a_sweep_that_cannot_fit_in_memory_is_refused_before_loading() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let out = Command::cargo_bin("opledger")
@@ -267,7 +260,7 @@ fn decode_fit(s: &serde_json::Value, band: &str) -> serde_json::Value {
 
 #[test]
 fn decode_attention_grows_with_depth_and_the_experts_far_less() {
-    let _one_at_a_time = serial();
+    let _machine = crate::machine::alone();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let run = dir.path().join("decode");
@@ -383,7 +376,7 @@ fn decode_attention_grows_with_depth_and_the_experts_far_less() {
 
 #[test]
 fn a_decode_sweep_killed_mid_pass_resumes_to_every_depth() {
-    let _one_at_a_time = serial();
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let run = dir.path().join("killed");

@@ -60,6 +60,7 @@ fn wasted(needs: &[NodeNeed], i: usize) -> bool {
 
 #[test]
 fn qwen3moe_last_layer_ffn_is_already_trimmed() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let (graph, needs, s) = analyse(&synth(dir.path(), "tiny-qwen3moe"), false);
     // llama.cpp selects the last row before the last layer's FFN: every MoE node computes 1 row
@@ -101,6 +102,7 @@ fn qwen3moe_last_layer_ffn_is_already_trimmed() {
 
 #[test]
 fn qwen35moe_waste_names_its_last_layer() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let (graph, needs, s) = analyse(&synth(dir.path(), "tiny-qwen35moe"), false);
     // the last layer's MoE runs on every row although one is read
@@ -134,6 +136,7 @@ fn qwen35moe_waste_names_its_last_layer() {
 
 #[test]
 fn with_all_logits_nothing_is_wasted() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     for preset in ["tiny-qwen3moe", "tiny-qwen35moe"] {
         let (_, needs, s) = analyse(&synth(dir.path(), preset), true);
@@ -146,6 +149,7 @@ fn with_all_logits_nothing_is_wasted() {
 
 #[test]
 fn waste_command_measures_or_reads_a_stored_profile() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = synth(dir.path(), "tiny-qwen35moe");
     let opledger = || Command::cargo_bin("opledger").unwrap();
