@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use opledger_core::band::Categoriser;
 use opledger_core::engine::{EngineError, EngineInfo, Work};
-use opledger_core::ledger::{band_work, compare, LedgerReport, Side};
+use opledger_core::ledger::{band_work, compare, gate, LedgerReport, Side};
 use opledger_core::manifest::Manifest;
 use opledger_core::peaks::Peaks;
 use opledger_core::profile::{analyse, node_medians_us, ProfileConfig, ProfileRaw};
@@ -158,6 +158,7 @@ pub fn run(
         replay_b,
         peaks,
         notes,
+        gate: None,
     };
     let manifest = crate::manifest::manifest(
         "ledger",
@@ -189,10 +190,37 @@ pub fn exit(report: &LedgerReport) -> Exit {
             }
         }
     }
-    if failed.is_empty() {
+    let checks = if failed.is_empty() {
         Exit::Ok
     } else {
         Exit::CheckFailed(failed)
+    };
+    checks.and(regressions(report))
+}
+
+/// The bands that failed the regression gate, where `compare --fail-above` ran it.
+fn regressions(report: &LedgerReport) -> Exit {
+    let failed: Vec<(String, String)> = report
+        .gate
+        .iter()
+        .flat_map(|g| g.failed())
+        .map(|r| {
+            let change = r
+                .slower
+                .map_or("new in this run".to_string(), |s| format!("{:+.1} %", s * 100.0));
+            (
+                r.band.clone(),
+                format!(
+                    "{change}: {:.4} ms/token (cycles {:.4}-{:.4}) against the baseline's {:.4} ({:.4}-{:.4})",
+                    r.a_ms_per_token, r.a_range.0, r.a_range.1, r.b_ms_per_token, r.b_range.0, r.b_range.1
+                ),
+            )
+        })
+        .collect();
+    if failed.is_empty() {
+        Exit::Ok
+    } else {
+        Exit::Regressed(failed)
     }
 }
 
@@ -242,13 +270,20 @@ fn side_of_run(dir: &Path) -> Result<Side> {
     Ok(side)
 }
 
-/// Two stored profile runs side by side; `force` compares runs that did not do the same work.
-pub fn compare_runs(a: &Path, b: &Path, force: bool) -> Result<LedgerReport> {
+/// Two stored profile runs side by side; `force` compares runs that did not do the same work;
+/// `fail_above` (a fraction) runs the regression gate with A as the new run, B the baseline.
+pub fn compare_runs(
+    a: &Path,
+    b: &Path,
+    force: bool,
+    fail_above: Option<f64>,
+) -> Result<LedgerReport> {
     let a = side_of_run(a)?;
     let b = side_of_run(b)?;
     // stored runs carry no peaks (and may come from another machine): no roofline verdict
     let ledger = compare(a, b, force, None)?;
     Ok(LedgerReport {
+        gate: fail_above.map(|t| gate(&ledger, t)),
         ledger,
         replay_a: None,
         replay_b: None,

@@ -15,6 +15,9 @@ pub const BAD_INPUT: u8 = 2;
 pub const REFUSED: u8 = 4;
 /// The A/A control moved: the noise exceeds the threshold, so no speed verdict stands.
 pub const INCONCLUSIVE: u8 = 5;
+/// `compare --fail-above`: a band of the new run is slower than the baseline beyond the
+/// threshold and beyond both runs' spread.
+pub const REGRESSED: u8 = 6;
 
 /// How a finished command ends.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +30,8 @@ pub enum Exit {
     Refused,
     /// The A/B's control moved.
     Inconclusive,
+    /// `compare --fail-above`: these bands regressed: (band, detail).
+    Regressed(Vec<(String, String)>),
 }
 
 impl Exit {
@@ -36,6 +41,7 @@ impl Exit {
             Exit::CheckFailed(_) => CHECK_FAILED,
             Exit::Refused => REFUSED,
             Exit::Inconclusive => INCONCLUSIVE,
+            Exit::Regressed(_) => REGRESSED,
         }
     }
 
@@ -49,10 +55,14 @@ impl Exit {
                 .collect(),
             Exit::Refused => vec![format!("verdict: {}", AbOutcome::Refused.words())],
             Exit::Inconclusive => vec![format!("verdict: {}", AbOutcome::Inconclusive.words())],
+            Exit::Regressed(r) => r
+                .iter()
+                .map(|(band, detail)| format!("regressed: {band}: {detail}"))
+                .collect(),
         }
     }
 
-    /// The worse of two: a failed check, then refused, then inconclusive.
+    /// The worse of two: a failed check, then refused, then inconclusive, then regressed.
     pub fn and(self, other: Exit) -> Exit {
         match (self, other) {
             (Exit::CheckFailed(mut a), Exit::CheckFailed(b)) => {
@@ -62,6 +72,11 @@ impl Exit {
             (a @ Exit::CheckFailed(_), _) | (_, a @ Exit::CheckFailed(_)) => a,
             (Exit::Refused, _) | (_, Exit::Refused) => Exit::Refused,
             (Exit::Inconclusive, _) | (_, Exit::Inconclusive) => Exit::Inconclusive,
+            (Exit::Regressed(mut a), Exit::Regressed(b)) => {
+                a.extend(b);
+                Exit::Regressed(a)
+            }
+            (a @ Exit::Regressed(_), _) | (_, a @ Exit::Regressed(_)) => a,
             _ => Exit::Ok,
         }
     }
@@ -125,5 +140,12 @@ mod tests {
         assert_eq!(Exit::Refused.code(), 4);
         assert_eq!(Exit::Inconclusive.code(), 5);
         assert_eq!(failed.lines(), ["check failed: coverage: 99 %".to_string()]);
+        let regressed = Exit::Regressed(vec![("moe".into(), "+9.0 %".into())]);
+        assert_eq!(regressed.code(), 6);
+        assert_eq!(Exit::Ok.and(regressed.clone()), regressed);
+        assert_eq!(
+            regressed.clone().and(Exit::Inconclusive),
+            Exit::Inconclusive
+        );
     }
 }

@@ -2,5 +2,5 @@
 //! for them in the application layer, re-exported here for the binary and its tests.
 
 pub use opledger_app::outcome::{
-    is_failed_check, of_error, BAD_INPUT, CHECK_FAILED, INCONCLUSIVE, REFUSED,
+    is_failed_check, of_error, BAD_INPUT, CHECK_FAILED, INCONCLUSIVE, REFUSED, REGRESSED,
 };

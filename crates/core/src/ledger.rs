@@ -15,8 +15,9 @@ use crate::profile::ProfileSummary;
 use crate::replay::ReplayResult;
 
 /// 2: verdicts from each side's position against the measured peaks (`a_position`,
-/// `b_position`, `flops_ratio`); bytes and FLOPs per run.
-pub const LEDGER_SCHEMA_VERSION: u32 = 2;
+/// `b_position`, `flops_ratio`); bytes and FLOPs per run. 3: an opportunity per row, each
+/// side's per-band range and cycles (the regression gate's spread).
+pub const LEDGER_SCHEMA_VERSION: u32 = 3;
 
 /// Bytes and FLOPs of one band for one run: the prefill chunk, or every step of a decode run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -169,6 +170,18 @@ pub struct Side {
     /// In-graph replay: band -> ms/token, where measured.
     #[serde(default)]
     pub replay_ms_per_token: BTreeMap<String, f64>,
+    /// Band -> the range (min, max) of the per-cycle values whose median `ms_per_token` is:
+    /// the run's own spread, which `compare --fail-above` must exceed. Equal to the median for
+    /// a run of one cycle (an imported trace of one step).
+    #[serde(default)]
+    pub ms_per_token_range: BTreeMap<String, (f64, f64)>,
+    /// Cycles behind `ms_per_token` (1: no spread is known).
+    #[serde(default = "one")]
+    pub cycles: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl Side {
@@ -189,6 +202,12 @@ impl Side {
                 .collect(),
             work: BTreeMap::new(),
             replay_ms_per_token: BTreeMap::new(),
+            ms_per_token_range: s
+                .bands
+                .iter()
+                .map(|b| (b.band.clone(), (b.ms_per_token_min, b.ms_per_token_max)))
+                .collect(),
+            cycles: s.cycles,
         }
     }
 }
@@ -225,6 +244,37 @@ pub struct Row {
     pub b_position: Option<Position>,
     /// What A's position (and B's) says about where A's time goes ([`verdict`]).
     pub verdict: String,
+    /// What the slower side would gain end to end if it matched the faster one in this band
+    /// (`None` where they are even).
+    #[serde(default)]
+    pub opportunity: Option<Opportunity>,
+}
+
+/// Amdahl's law on one band: the slower side's time in the band brought down to the faster
+/// side's, the rest of its time unchanged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Opportunity {
+    /// The side that would gain: `a` or `b`.
+    pub side: String,
+    /// ms/token it would save: the band's gap.
+    pub saved_ms_per_token: f64,
+    /// The saving over that side's total ms/token (the sum of its bands): the share of its
+    /// time that goes.
+    pub share: f64,
+    /// total / (total - saved): its end-to-end speed-up.
+    pub speedup: f64,
+}
+
+/// The opportunity of a band where one side spends `slow` ms/token against the other's `fast`,
+/// out of the slower side's `total`.
+pub fn opportunity(side: &str, slow: f64, fast: f64, total: f64) -> Option<Opportunity> {
+    let saved = slow - fast;
+    (saved > 0.0 && total > 0.0 && saved < total).then(|| Opportunity {
+        side: side.into(),
+        saved_ms_per_token: saved,
+        share: saved / total,
+        speedup: total / (total - saved),
+    })
 }
 
 /// What limits a band on this machine, from its achieved rates against the measured peaks.
@@ -371,6 +421,104 @@ pub struct Ledger {
     pub forced: bool,
 }
 
+impl Ledger {
+    /// The rows with an opportunity, largest end-to-end gain first (either side's).
+    pub fn by_opportunity(&self) -> Vec<&Row> {
+        let mut rows: Vec<&Row> = self
+            .rows
+            .iter()
+            .filter(|r| r.opportunity.is_some())
+            .collect();
+        let share = |r: &Row| r.opportunity.as_ref().map_or(0.0, |o| o.share);
+        rows.sort_by(|x, y| share(y).total_cmp(&share(x)));
+        rows
+    }
+}
+
+/// One band before the regression gate (`compare --fail-above`): A is the new run, B the
+/// baseline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GateRow {
+    pub band: String,
+    pub a_ms_per_token: f64,
+    pub b_ms_per_token: f64,
+    /// A / B - 1 (`None` where the baseline has no time in the band).
+    pub slower: Option<f64>,
+    /// A's range (min, max) over its cycles and B's.
+    pub a_range: (f64, f64),
+    pub b_range: (f64, f64),
+    /// The change exceeds the threshold: A / B - 1 above it, or, for a band the baseline
+    /// does not have, A's time above the threshold's share of the baseline's total.
+    pub beyond_threshold: bool,
+    /// The runs' own spreads do not overlap: A's fastest cycle is slower than B's slowest.
+    pub beyond_spread: bool,
+    /// Both: the band regressed.
+    pub fails: bool,
+}
+
+/// The regression gate over a ledger.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gate {
+    /// The threshold as a fraction (0.05 for `--fail-above 5`).
+    pub threshold: f64,
+    /// Every band, the ledger's order.
+    pub rows: Vec<GateRow>,
+    /// Cycles behind each side (1: that side has no spread, the threshold alone decides).
+    pub a_cycles: u32,
+    pub b_cycles: u32,
+}
+
+impl Gate {
+    pub fn failed(&self) -> Vec<&GateRow> {
+        self.rows.iter().filter(|r| r.fails).collect()
+    }
+}
+
+/// Gates A (the new run) against B (the baseline): a band fails when A is slower than B by more
+/// than `threshold` (a fraction) and by more than the two runs' own spreads (A's fastest cycle
+/// slower than B's slowest). A band the baseline has no time in fails when A spends more than
+/// `threshold` of B's total in it, beyond A's spread from zero.
+pub fn gate(l: &Ledger, threshold: f64) -> Gate {
+    let range = |s: &Side, band: &str, median: f64| {
+        s.ms_per_token_range
+            .get(band)
+            .copied()
+            .unwrap_or((median, median))
+    };
+    let rows = l
+        .rows
+        .iter()
+        .map(|r| {
+            let (am, bm) = (r.a_ms_per_token, r.b_ms_per_token);
+            let a_range = range(&l.a, &r.band, am);
+            let b_range = range(&l.b, &r.band, bm);
+            let slower = (bm > 0.0).then(|| am / bm - 1.0);
+            let beyond_threshold = match slower {
+                Some(s) => s > threshold,
+                None => am > threshold * l.total_b_ms_per_token,
+            };
+            let beyond_spread = a_range.0 > b_range.1;
+            GateRow {
+                band: r.band.clone(),
+                a_ms_per_token: am,
+                b_ms_per_token: bm,
+                slower,
+                a_range,
+                b_range,
+                beyond_threshold,
+                beyond_spread,
+                fails: beyond_threshold && beyond_spread,
+            }
+        })
+        .collect();
+    Gate {
+        threshold,
+        rows,
+        a_cycles: l.a.cycles,
+        b_cycles: l.b.cycles,
+    }
+}
+
 /// A ledger with what each side measured besides: what `opledger ledger` stores and prints.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LedgerReport {
@@ -379,6 +527,9 @@ pub struct LedgerReport {
     pub replay_b: Option<ReplayResult>,
     pub peaks: Option<Peaks>,
     pub notes: Vec<String>,
+    /// `compare --fail-above`: the regression gate, A the new run and B the baseline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<Gate>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -418,6 +569,8 @@ pub fn compare(
     bands.sort();
     bands.dedup();
     let ratio = |x: f64, y: f64| (y > 0.0).then(|| x / y);
+    let total_a: f64 = a.ms_per_token.values().sum();
+    let total_b: f64 = b.ms_per_token.values().sum();
     let mut rows: Vec<Row> = bands
         .into_iter()
         .map(|band| {
@@ -487,14 +640,19 @@ pub fn compare(
                 b_gflop_per_s,
                 a_position,
                 b_position,
+                opportunity: match ahead {
+                    "b" => opportunity("a", am, bm, total_a),
+                    "a" => opportunity("b", bm, am, total_b),
+                    _ => None,
+                },
             }
         })
         .collect();
     rows.sort_by(|x, y| y.gap_ms_per_token.total_cmp(&x.gap_ms_per_token));
     Ok(Ledger {
         schema_version: LEDGER_SCHEMA_VERSION,
-        total_a_ms_per_token: a.ms_per_token.values().sum(),
-        total_b_ms_per_token: b.ms_per_token.values().sum(),
+        total_a_ms_per_token: total_a,
+        total_b_ms_per_token: total_b,
         forced: !diffs.is_empty(),
         a,
         b,
@@ -519,7 +677,125 @@ mod tests {
             ms_per_token: bands.iter().map(|(b, v)| (b.to_string(), *v)).collect(),
             work: BTreeMap::new(),
             replay_ms_per_token: BTreeMap::new(),
+            ms_per_token_range: BTreeMap::new(),
+            cycles: 1,
         }
+    }
+
+    #[test]
+    fn opportunity_is_amdahl_on_the_slower_side_by_hand() {
+        // seed 000's table again: A totals 570.7 ms, B 519.7 ms
+        let a = side(
+            "mine",
+            &[
+                ("projections", 252.2),
+                ("attention", 19.1),
+                ("linear_attention", 53.5),
+                ("moe", 245.9),
+            ],
+        );
+        let b = side(
+            "llama.cpp",
+            &[
+                ("projections", 188.3),
+                ("attention", 5.8),
+                ("linear_attention", 55.5),
+                ("moe", 270.1),
+            ],
+        );
+        let l = compare(a, b, false, None).unwrap();
+        let get = |band: &str| {
+            l.rows
+                .iter()
+                .find(|r| r.band == band)
+                .unwrap()
+                .opportunity
+                .clone()
+                .unwrap()
+        };
+        // A matching B's projections saves 63.9 of its 570.7 ms: 570.7 / 506.8 = 1.126x
+        let p = get("projections");
+        assert_eq!(p.side, "a");
+        assert!((p.saved_ms_per_token - 63.9).abs() < 1e-9);
+        assert!((p.share - 63.9 / 570.7).abs() < 1e-12);
+        assert!((p.speedup - 570.7 / 506.8).abs() < 1e-12);
+        // B is the slower side in moe: B matching A saves 24.2 of its 519.7 ms
+        let m = get("moe");
+        assert_eq!(m.side, "b");
+        assert!((m.share - 24.2 / 519.7).abs() < 1e-12);
+        assert!((m.speedup - 519.7 / 495.5).abs() < 1e-12);
+        // sorted by end-to-end gain, either side: 11.2 %, 4.66 %, 2.33 % (13.3 / 570.7), 0.38 %
+        let order: Vec<&str> = l.by_opportunity().iter().map(|r| r.band.as_str()).collect();
+        assert_eq!(
+            order,
+            ["projections", "moe", "attention", "linear_attention"]
+        );
+        // even bands have none; a band that is the whole of a side's time has no finite speed-up
+        assert_eq!(opportunity("a", 1.0, 1.0, 5.0), None);
+        assert_eq!(opportunity("a", 5.0, 0.0, 5.0), None);
+    }
+
+    fn ranged(bands: &[(&str, f64, f64, f64)], cycles: u32) -> Side {
+        let mut s = side(
+            "s",
+            &bands
+                .iter()
+                .map(|(b, m, _, _)| (*b, *m))
+                .collect::<Vec<_>>(),
+        );
+        s.ms_per_token_range = bands
+            .iter()
+            .map(|(b, _, lo, hi)| (b.to_string(), (*lo, *hi)))
+            .collect();
+        s.cycles = cycles;
+        s
+    }
+
+    #[test]
+    fn the_gate_needs_the_threshold_and_the_spread_by_hand() {
+        let new = ranged(
+            &[
+                // 10 % slower and the ranges apart: fails
+                ("x", 1.10, 1.08, 1.12),
+                // 10 % slower inside the spread: passes
+                ("y", 1.10, 0.95, 1.20),
+                // beyond the spread, 3 % is under the threshold: passes
+                ("z", 1.03, 1.02, 1.04),
+                // a band the baseline does not have, 0.2 > 5 % of its 3.0 total: fails
+                ("w", 0.20, 0.19, 0.21),
+            ],
+            5,
+        );
+        let base = ranged(
+            &[
+                ("x", 1.0, 0.98, 1.02),
+                ("y", 1.0, 0.90, 1.10),
+                ("z", 1.0, 0.99, 1.01),
+            ],
+            5,
+        );
+        let l = compare(new, base, false, None).unwrap();
+        let g = gate(&l, 0.05);
+        let failed: Vec<&str> = g.failed().iter().map(|r| r.band.as_str()).collect();
+        assert_eq!(failed, ["w", "x"]);
+        let row = |band: &str| g.rows.iter().find(|r| r.band == band).unwrap();
+        assert!((row("x").slower.unwrap() - 0.10).abs() < 1e-12);
+        assert!(row("y").beyond_threshold && !row("y").beyond_spread);
+        assert!(!row("z").beyond_threshold && row("z").beyond_spread);
+        assert_eq!(row("w").slower, None);
+        // at 12 % both pass; at 7 % x (10 % slower) fails and w (0.2 of 3.0 = 6.7 %) passes
+        let failed: Vec<String> = gate(&l, 0.12)
+            .failed()
+            .iter()
+            .map(|r| r.band.clone())
+            .collect();
+        assert_eq!(failed, Vec::<String>::new());
+        let failed: Vec<String> = gate(&l, 0.07)
+            .failed()
+            .iter()
+            .map(|r| r.band.clone())
+            .collect();
+        assert_eq!(failed, ["x"]);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use opledger_core::ledger::{LedgerReport, Row};
+use opledger_core::ledger::{Gate, LedgerReport, Row};
 use opledger_core::replay::ReplayResult;
 
 use crate::table::{markdown_cell, markdown_table, text_table, Align};
@@ -13,7 +13,7 @@ fn opt(v: Option<f64>, digits: usize) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-const HEADER: [&str; 12] = [
+const HEADER: [&str; 13] = [
     "band (ms/token)",
     "A",
     "B",
@@ -25,8 +25,17 @@ const HEADER: [&str; 12] = [
     "time A/B",
     "A GB/s",
     "B GB/s",
+    "opportunity",
     "verdict",
 ];
+
+/// The end-to-end speed-up of the side that would gain by matching the other in this band.
+fn opportunity_cell(row: &Row) -> String {
+    row.opportunity
+        .as_ref()
+        .map(|o| format!("{} {:.3}x", o.side.to_uppercase(), o.speedup))
+        .unwrap_or_else(|| "-".into())
+}
 
 fn cells(row: &Row) -> Vec<String> {
     vec![
@@ -41,6 +50,7 @@ fn cells(row: &Row) -> Vec<String> {
         opt(row.time_ratio, 2),
         opt(row.a_gb_per_s, 1),
         opt(row.b_gb_per_s, 1),
+        opportunity_cell(row),
         row.verdict.clone(),
     ]
 }
@@ -86,8 +96,9 @@ fn rows(r: &LedgerReport) -> Vec<Vec<String>> {
     rows
 }
 
-const ALIGN: [Align; 12] = [
+const ALIGN: [Align; 13] = [
     Align::Left,
+    Align::Right,
     Align::Right,
     Align::Right,
     Align::Right,
@@ -263,6 +274,28 @@ fn tail(r: &LedgerReport) -> String {
     for n in &r.notes {
         let _ = writeln!(out, "note: {n}");
     }
+    let by_gain = l.by_opportunity();
+    if !by_gain.is_empty() {
+        let _ = writeln!(
+            out,
+            "opportunities, largest first: {}",
+            by_gain
+                .iter()
+                .filter_map(|row| row.opportunity.as_ref().map(|o| (row, o)))
+                .map(|(row, o)| format!(
+                    "{} for {} {:.3}x ({:.1} % of its time)",
+                    row.band,
+                    o.side.to_uppercase(),
+                    o.speedup,
+                    o.share * 100.0
+                ))
+                .collect::<Vec<_>>()
+                .join(" · ")
+        );
+    }
+    if let Some(g) = &r.gate {
+        out.push_str(&gate_text(g));
+    }
     match l.rows.first() {
         Some(top) if top.gap_ms_per_token > 0.0 => {
             let _ = writeln!(
@@ -281,10 +314,58 @@ fn tail(r: &LedgerReport) -> String {
     out
 }
 
+/// The regression gate: the threshold, what each side's spread rests on, every band that fails.
+fn gate_text(g: &Gate) -> String {
+    let mut out = String::new();
+    let failed = g.failed();
+    let spread = |cycles: u32| {
+        if cycles > 1 {
+            format!("{cycles} cycles")
+        } else {
+            "1 cycle, no spread".to_string()
+        }
+    };
+    let _ = writeln!(
+        out,
+        "gate: a band fails when A is more than {:.1} % slower than B and A's fastest cycle is slower than B's slowest (A {}, B {}): {}",
+        g.threshold * 100.0,
+        spread(g.a_cycles),
+        spread(g.b_cycles),
+        if failed.is_empty() {
+            "passed".to_string()
+        } else {
+            format!("FAILED in {} band(s)", failed.len())
+        }
+    );
+    for row in &g.rows {
+        let change = row
+            .slower
+            .map_or("new in A".to_string(), |s| format!("{:+.1} %", s * 100.0));
+        let _ = writeln!(
+            out,
+            "  {:<18} {:>9} A {:.4} ({:.4}-{:.4}) B {:.4} ({:.4}-{:.4}){}",
+            row.band,
+            change,
+            row.a_ms_per_token,
+            row.a_range.0,
+            row.a_range.1,
+            row.b_ms_per_token,
+            row.b_range.0,
+            row.b_range.1,
+            match (row.beyond_threshold, row.beyond_spread) {
+                (true, true) => "  REGRESSED",
+                (true, false) => "  within the spread",
+                _ => "",
+            }
+        );
+    }
+    out
+}
+
 /// The terminal rendering.
 pub fn ledger_text(r: &LedgerReport) -> String {
     format!(
-        "{}\n{}\n\nbytes, time: A/B ratios; verdicts place A on this machine's roofline: bandwidth- or compute-bound at half the measured copy or matmul peak or more, else neither (latency and overhead)\n{}",
+        "{}\n{}\n\nbytes, time: A/B ratios; opportunity: the end-to-end speed-up of the slower side if it matched the faster one in that band (Amdahl); verdicts place A on this machine's roofline: bandwidth- or compute-bound at half the measured copy or matmul peak or more, else neither (latency and overhead)\n{}",
         heading(r),
         text_table(&header_refs(&header(r)), &ALIGN, &rows(r)),
         tail(r)
@@ -325,6 +406,10 @@ pub fn ledger_csv(r: &LedgerReport) -> Result<String, csv::Error> {
         "b_gb_per_s",
         "a_gflop_per_s",
         "b_gflop_per_s",
+        "opportunity_side",
+        "opportunity_share",
+        "opportunity_speedup",
+        "regressed",
         "verdict",
     ])?;
     let o = |v: Option<f64>| v.map(|x| x.to_string()).unwrap_or_default();
@@ -346,6 +431,17 @@ pub fn ledger_csv(r: &LedgerReport) -> Result<String, csv::Error> {
             o(row.b_gb_per_s),
             o(row.a_gflop_per_s),
             o(row.b_gflop_per_s),
+            row.opportunity
+                .as_ref()
+                .map(|o| o.side.clone())
+                .unwrap_or_default(),
+            o(row.opportunity.as_ref().map(|o| o.share)),
+            o(row.opportunity.as_ref().map(|o| o.speedup)),
+            r.gate
+                .as_ref()
+                .and_then(|g| g.rows.iter().find(|g| g.band == row.band))
+                .map(|g| g.fails.to_string())
+                .unwrap_or_default(),
             row.verdict.clone(),
         ])?;
     }
@@ -372,6 +468,8 @@ mod tests {
             ms_per_token: BTreeMap::from([("projections".into(), p), ("moe".into(), m)]),
             work: BTreeMap::new(),
             replay_ms_per_token: BTreeMap::new(),
+            ms_per_token_range: BTreeMap::new(),
+            cycles: 5,
         };
         LedgerReport {
             ledger: compare(side("a", 2.0, 1.0), side("b", 1.0, 1.5), false, None).unwrap(),
@@ -379,7 +477,54 @@ mod tests {
             replay_b: None,
             peaks: None,
             notes: vec![],
+            gate: None,
         }
+    }
+
+    #[test]
+    fn opportunities_and_the_gate_in_every_format() {
+        // A: projections 2.0 + moe 1.0 = 3.0 ms/token; B: 1.0 + 1.5 = 2.5. A matching B's
+        // projections saves 1.0 of 3.0 (3.0 / 2.0 = 1.5x); B matching A's moe saves 0.5 of 2.5
+        // (2.5 / 2.0 = 1.25x)
+        let mut r = report();
+        let t = ledger_text(&r);
+        assert!(
+            t.contains("opportunities, largest first: projections for A 1.500x (33.3 % of its time) · moe for B 1.250x (20.0 % of its time)"),
+            "{t}"
+        );
+        assert!(!t.contains("gate:"), "{t}");
+        let md = ledger_markdown(&r);
+        let first_row = md.lines().find(|l| l.starts_with("| proj")).unwrap();
+        assert!(first_row.contains("A 1.500x"), "{md}");
+        // no per-cycle ranges stored: each side's range is its median, the threshold decides
+        r.gate = Some(opledger_core::ledger::gate(&r.ledger, 0.05));
+        let t = ledger_text(&r);
+        assert!(t.contains("FAILED in 1 band(s)"), "{t}");
+        let line = t
+            .lines()
+            .find(|l| l.trim_start().starts_with("projections") && l.contains("REGRESSED"));
+        assert!(line.is_some_and(|l| l.contains("+100.0 %")), "{t}");
+        let csv = ledger_csv(&r).unwrap();
+        let lines: Vec<&str> = csv.lines().collect();
+        let head: Vec<&str> = lines[0].split(',').collect();
+        let col = |name: &str| head.iter().position(|h| *h == name).unwrap();
+        let proj: Vec<&str> = lines[1].split(',').collect();
+        let moe: Vec<&str> = lines[2].split(',').collect();
+        assert_eq!(
+            (
+                proj[col("opportunity_side")],
+                proj[col("opportunity_speedup")],
+                proj[col("regressed")]
+            ),
+            ("a", "1.5", "true")
+        );
+        assert_eq!(
+            (moe[col("opportunity_side")], moe[col("regressed")]),
+            ("b", "false")
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["gate"]["rows"][0]["fails"], true);
+        assert_eq!(json["ledger"]["rows"][0]["opportunity"]["side"], "a");
     }
 
     fn replay(reliable: bool) -> ReplayResult {

@@ -82,6 +82,15 @@ pub fn positive(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// `compare --fail-above`: a percentage, at least 0 (0: any slowdown beyond the spread fails).
+pub fn percent(s: &str) -> Result<f64, String> {
+    let v = finite(s.trim_end_matches('%'))?;
+    if v < 0.0 {
+        return Err(format!("{v} is not a percentage of at least 0"));
+    }
+    Ok(v / 100.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +106,15 @@ mod tests {
         assert!(threads("3000000000").is_err());
         assert!(threads("-1").is_err());
         assert!(threads("0").is_err());
+    }
+
+    #[test]
+    fn fail_above_takes_a_percentage() {
+        assert_eq!(percent("5"), Ok(0.05));
+        assert_eq!(percent("2.5%"), Ok(0.025));
+        assert_eq!(percent("0"), Ok(0.0));
+        assert!(percent("-1").is_err());
+        assert!(percent("five").is_err());
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub struct CompareArgs {
     /// Compare runs that did not do the same work (chunk, depth, architecture).
     #[arg(long)]
     pub force: bool,
+    /// Gate: exit 6 when a band of RUN_A (the new run) is slower than RUN_B (the baseline) by
+    /// more than PCT % and by more than both runs' spread over their cycles.
+    #[arg(long, value_name = "PCT", value_parser = super::flags::percent)]
+    pub fail_above: Option<f64>,
     /// What to print.
     #[arg(long, value_enum, default_value = "text")]
     pub format: LedgerFormat,
@@ -90,7 +94,8 @@ fn print_report(report: &LedgerReport, format: LedgerFormat) -> Result<()> {
 }
 
 pub fn run_compare(args: CompareArgs) -> Result<ExitCode> {
-    let report = opledger_app::ledger::compare_runs(&args.run_a, &args.run_b, args.force)?;
+    let report =
+        opledger_app::ledger::compare_runs(&args.run_a, &args.run_b, args.force, args.fail_above)?;
     print_report(
         &report,
         if args.json {
@@ -99,7 +104,7 @@ pub fn run_compare(args: CompareArgs) -> Result<ExitCode> {
             args.format
         },
     )?;
-    Ok(ExitCode::SUCCESS)
+    Ok(super::common::exit(opledger_app::ledger::exit(&report)))
 }
 
 fn engine_kind(name: &str) -> Result<EngineKind> {

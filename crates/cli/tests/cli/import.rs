@@ -16,6 +16,11 @@ fn opledger() -> Command {
 /// mlp (one qmatmul of 10 µs, 2 µs of its own); each step has 1 + 2 x 2 µs of its own (1 µs
 /// before the first layer, 1 µs after each attn and after each mlp).
 fn candle_like_trace(steps: u32, qmm_us: u64) -> String {
+    candle_like_steps(&vec![qmm_us; steps as usize])
+}
+
+/// The same with each step's qmatmul time given: one step per entry.
+fn candle_like_steps(qmm_us: &[u64]) -> String {
     let mut ev = Vec::new();
     let mut ts = 0u64;
     let mut push = |ph: &str, name: &str, ts: u64| {
@@ -23,7 +28,7 @@ fn candle_like_trace(steps: u32, qmm_us: u64) -> String {
             r#"{{"ph":"{ph}","name":"{name}","ts":{ts},"pid":1,"tid":1}}"#
         ))
     };
-    for _ in 0..steps {
+    for &qmm_us in qmm_us {
         push("B", "model", ts);
         ts += 1;
         for _ in 0..2 {
@@ -79,6 +84,7 @@ fn band_ms(run: &Path, band: &str) -> f64 {
 
 #[test]
 fn a_candle_trace_imports_into_bands_with_known_self_times() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let run = import(dir.path(), &candle_like_trace(3, 4), "run");
     // per step: projections 2 x 3 x 4 = 24 µs, attention 2 x 5 = 10, dense_ffn 2 x (10 + 2)
@@ -120,6 +126,7 @@ fn a_candle_trace_imports_into_bands_with_known_self_times() {
 
 #[test]
 fn compare_takes_imported_runs() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let slow = import(dir.path(), &candle_like_trace(3, 8), "slow");
     let fast = import(dir.path(), &candle_like_trace(3, 4), "fast");
@@ -142,7 +149,87 @@ fn compare_takes_imported_runs() {
 }
 
 #[test]
+fn compare_fail_above_fails_a_slowed_band_and_passes_a_change_within_noise() {
+    let _machine = crate::machine::shared();
+    let dir = tempfile::tempdir().unwrap();
+    // the baseline's projections vary step to step: 6 x 10..14 µs a step
+    let base = import(
+        dir.path(),
+        &candle_like_steps(&[10, 11, 12, 13, 14]),
+        "base",
+    );
+    // 11..15 µs: its median 8 % above the baseline's, its fastest step below the baseline's
+    // slowest: within the runs' own spread
+    let noisy = import(
+        dir.path(),
+        &candle_like_steps(&[11, 12, 13, 14, 15]),
+        "noisy",
+    );
+    // 16..20 µs: 50 % slower and every step slower than every baseline step
+    let slowed = import(
+        dir.path(),
+        &candle_like_steps(&[16, 17, 18, 19, 20]),
+        "slowed",
+    );
+    let gate = |new: &Path, pct: &str| {
+        let mut c = opledger();
+        c.args(["compare", "--fail-above", pct]).arg(new).arg(&base);
+        c.assert()
+    };
+    let out = gate(&noisy, "5").success().get_output().stdout.clone();
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("gate: ") && text.contains(": passed"),
+        "{text}"
+    );
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("projections") && l.contains("within the spread"));
+    assert!(line.is_some(), "{text}");
+    gate(&slowed, "5")
+        .code(6)
+        .stderr(predicate::str::contains("regressed: projections: +"));
+    // the threshold decides too: 50 % slower passes a 60 % gate
+    gate(&slowed, "60").success();
+    // machine-readable: the gate in the JSON, the opportunity of every uneven band
+    let out = opledger()
+        .args(["compare", "--json", "--fail-above", "5"])
+        .arg(&slowed)
+        .arg(&base)
+        .assert()
+        .code(6)
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let failed: Vec<&str> = v["gate"]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["fails"] == true)
+        .map(|r| r["band"].as_str().unwrap())
+        .collect();
+    assert_eq!(failed, ["projections"], "{}", v["gate"]);
+    let proj = v["ledger"]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["band"] == "projections")
+        .unwrap();
+    assert_eq!(proj["opportunity"]["side"], "a", "{proj}");
+    // a bad threshold is refused when the command line is parsed
+    opledger()
+        .args(["compare", "--fail-above=-3"])
+        .arg(&slowed)
+        .arg(&base)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("percentage"));
+}
+
+#[test]
 fn bad_traces_are_refused_naming_the_file_and_leave_no_folder() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let cases = [
         (
@@ -204,6 +291,7 @@ fn bands(run: &Path) -> Vec<(String, f64)> {
 
 #[test]
 fn a_llama_cpp_profile_written_as_node_records_imports_with_the_same_bands() {
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny.gguf");
     opledger()
