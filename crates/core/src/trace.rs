@@ -220,27 +220,40 @@ enum Field {
     Other,
 }
 
-/// Reads one event, keeping of its `args` only `keep` (the keys the rules read).
-struct EventSeed<'k>(&'k [String]);
+/// Reads one event into `ev` (reused from event to event: its strings keep their buffers, so
+/// reading an event allocates nothing), keeping of its `args` only `keep` (the keys the rules
+/// read).
+struct EventSeed<'k, 'e> {
+    keep: &'k [String],
+    ev: &'e mut Event,
+}
 
-impl<'de> DeserializeSeed<'de> for EventSeed<'_> {
-    type Value = Event;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Event, D::Error> {
+impl<'de> DeserializeSeed<'de> for EventSeed<'_, '_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_map(self)
     }
 }
 
-impl<'de> Visitor<'de> for EventSeed<'_> {
-    type Value = Event;
+impl<'de> Visitor<'de> for EventSeed<'_, '_> {
+    type Value = ();
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a trace event (an object)")
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Event, A::Error> {
-        let mut ev = Event::default();
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let ev = self.ev;
+        ev.name.clear();
+        ev.cat.clear();
+        ev.ph = 0;
+        ev.ts = None;
+        ev.dur = None;
+        ev.pid = None;
+        ev.tid = None;
+        ev.args.clear();
         while let Some(k) = map.next_key::<Field>()? {
             match k {
-                Field::Name => ev.name = map.next_value()?,
-                Field::Cat => ev.cat = map.next_value()?,
+                Field::Name => map.next_value_seed(StrInto(&mut ev.name))?,
+                Field::Cat => map.next_value_seed(StrInto(&mut ev.cat))?,
                 Field::Ph => {
                     let ph: PhaseChar = map.next_value()?;
                     ev.ph = ph.0;
@@ -249,13 +262,36 @@ impl<'de> Visitor<'de> for EventSeed<'_> {
                 Field::Dur => ev.dur = map.next_value()?,
                 Field::Pid => ev.pid = map.next_value()?,
                 Field::Tid => ev.tid = map.next_value()?,
-                Field::Args => ev.args = map.next_value_seed(ArgsSeed(self.0))?,
+                Field::Args => ev.args = map.next_value_seed(ArgsSeed(self.keep))?,
                 Field::Other => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
         }
-        Ok(ev)
+        Ok(())
+    }
+}
+
+/// A string read into a buffer that is reused: the reader's own scratch text is copied, no
+/// allocation once the buffer is large enough.
+struct StrInto<'s>(&'s mut String);
+
+impl<'de> DeserializeSeed<'de> for StrInto<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StrInto<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
+        self.0.clear();
+        self.0.push_str(v);
+        Ok(())
     }
 }
 
@@ -341,11 +377,20 @@ struct StepWin {
     spans: u64,
 }
 
+/// A span key by interned ids: (name, category, parent's name, kept arguments).
+type KeyIds = (u32, u32, u32, Vec<(String, String)>);
+
 /// The state the visitor feeds, event by event.
 struct State<'o> {
     file: String,
     opts: &'o TraceOptions,
-    key_ids: HashMap<SpanKey, u32>,
+    /// Every distinct name and category, interned (id 0 is the empty string).
+    strings: HashMap<String, u32>,
+    /// (name, category, parent's name, kept arguments) -> span key, looked up without building
+    /// a [`SpanKey`] (no allocation for a span seen before).
+    key_ids: HashMap<KeyIds, u32>,
+    /// Per key: its name's id (what the spans nested in it see as their parent).
+    key_name: Vec<u32>,
     keys: Vec<SpanKey>,
     name_counts: Vec<u64>,
     thread_ids: HashMap<(Id, Id), usize>,
@@ -365,26 +410,43 @@ struct State<'o> {
 }
 
 impl<'o> State<'o> {
+    fn intern(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.strings.get(s) {
+            return id;
+        }
+        let id = self.strings.len() as u32;
+        self.strings.insert(s.to_string(), id);
+        id
+    }
+
     fn key_of(&mut self, ev: &mut Event, tid: usize, ts: f64) -> u32 {
-        let args = std::mem::take(&mut ev.args);
         self.close_until(tid, ts);
-        let parent = match self.threads[tid].stack.last() {
-            Some(f) => self.keys[f.key as usize].name.clone(),
-            None => String::new(),
-        };
-        let key = SpanKey {
-            name: std::mem::take(&mut ev.name),
-            cat: std::mem::take(&mut ev.cat),
-            parent,
-            args,
-        };
-        if let Some(&id) = self.key_ids.get(&key) {
+        let parent = self.threads[tid]
+            .stack
+            .last()
+            .map(|f| (self.key_name[f.key as usize], f.key));
+        let name = self.intern(&ev.name);
+        let cat = self.intern(&ev.cat);
+        // kept arguments are rare (only keys the rules read): an empty list allocates nothing
+        let lookup = (
+            name,
+            cat,
+            parent.map_or(0, |p| p.0),
+            std::mem::take(&mut ev.args),
+        );
+        if let Some(&id) = self.key_ids.get(&lookup) {
             return id;
         }
         let id = self.keys.len() as u32;
-        self.keys.push(key.clone());
+        self.keys.push(SpanKey {
+            name: ev.name.clone(),
+            cat: ev.cat.clone(),
+            parent: parent.map_or(String::new(), |p| self.keys[p.1 as usize].name.clone()),
+            args: lookup.3.clone(),
+        });
+        self.key_name.push(name);
         self.name_counts.push(0);
-        self.key_ids.insert(key, id);
+        self.key_ids.insert(lookup, id);
         id
     }
 
@@ -409,7 +471,7 @@ impl<'o> State<'o> {
         i
     }
 
-    fn event(&mut self, mut ev: Event) -> Result<(), TraceError> {
+    fn event(&mut self, ev: &mut Event) -> Result<(), TraceError> {
         let index = self.events;
         self.events += 1;
         let ph = ev.ph;
@@ -443,11 +505,11 @@ impl<'o> State<'o> {
         ));
         match ph {
             b'X' => {
-                let key = self.key_of(&mut ev, tid, ts);
+                let key = self.key_of(ev, tid, ts);
                 self.begin(tid, key, ts, Some(ts + dur))
             }
             b'B' => {
-                let key = self.key_of(&mut ev, tid, ts);
+                let key = self.key_of(ev, tid, ts);
                 self.begin(tid, key, ts, None)
             }
             _ => self.end(tid, &ev.name, ts),
@@ -734,8 +796,11 @@ impl<'de> Visitor<'de> for Events<'_, '_> {
         f.write_str("an array of trace events")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while let Some(ev) = seq.next_element_seed(EventSeed(&self.0.opts.arg_keys))? {
-            if let Err(e) = self.0.event(ev) {
+        let opts: &TraceOptions = self.0.opts;
+        let keep = &opts.arg_keys;
+        let mut ev = Event::default();
+        while let Some(()) = seq.next_element_seed(EventSeed { keep, ev: &mut ev })? {
+            if let Err(e) = self.0.event(&mut ev) {
                 self.0.error = Some(e);
                 return Err(serde::de::Error::custom("stopped"));
             }
@@ -786,7 +851,9 @@ pub fn read_chrome<R: Read>(
     let mut state = State {
         file: file.to_string(),
         opts,
+        strings: HashMap::from_iter([(String::new(), 0)]),
         key_ids: HashMap::default(),
+        key_name: Vec::new(),
         keys: Vec::new(),
         name_counts: Vec::new(),
         thread_ids: HashMap::default(),
