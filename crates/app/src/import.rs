@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use opledger_core::arch::ArchInfo;
 use opledger_core::band::BandRules;
 use opledger_core::engine::{EngineInfo, Mode, Work};
@@ -37,6 +37,8 @@ pub struct ImportRequest {
     pub step: Option<String>,
     /// Tokens one step computes (ms/token = step ms / tokens).
     pub tokens: u32,
+    /// Steps at the start of the trace left out (warm-up passes).
+    pub skip_steps: u32,
 }
 
 /// What the import saw beside the bands (`import.json`).
@@ -58,6 +60,8 @@ pub struct ImportStats {
     pub unclosed: u64,
     pub threads: usize,
     pub steps: usize,
+    /// Steps at the start of the trace left out (`--skip-steps`), not among `steps`.
+    pub skipped_steps: u32,
     pub distinct_spans: usize,
     /// Distinct spans no rule matched (name, category, parent), with their self ms per step.
     pub unassigned: Vec<(String, String, String, f64)>,
@@ -192,6 +196,7 @@ pub fn run_records(
         events: (rec.graph.len() * rec.runs.len() + rec.runs.len()) as u64,
         spans: (rec.graph.len() * rec.runs.len()) as u64,
         skipped_events: 0,
+        skipped_steps: 0,
         outside_steps: 0,
         unclosed: 0,
         threads: 0,
@@ -223,7 +228,15 @@ pub fn run(req: &ImportRequest, model: Option<&ModelFile>) -> Result<Imported> {
     let file = req.trace.display().to_string();
     let hash = hash_file(&req.trace)?;
     let f = std::fs::File::open(&req.trace).with_context(|| format!("opening {file}"))?;
-    let trace = read_chrome(std::io::BufReader::with_capacity(1 << 20, f), &file, &opts)?;
+    let mut trace = read_chrome(std::io::BufReader::with_capacity(1 << 20, f), &file, &opts)?;
+    let skip = req.skip_steps as usize;
+    if skip >= trace.steps.len() {
+        bail!(
+            "{file}: --skip-steps {skip} leaves no step of the {} the trace holds",
+            trace.steps.len()
+        );
+    }
+    trace.steps.drain(..skip);
     build(req, &rules, &pattern, &trace, hash, model)
 }
 
@@ -355,6 +368,7 @@ fn build(
         unclosed: trace.unclosed,
         threads: trace.threads,
         steps: trace.steps.len(),
+        skipped_steps: req.skip_steps,
         distinct_spans: used.len(),
         unassigned,
         not_measurable: not_measurable(),

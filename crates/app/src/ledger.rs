@@ -245,8 +245,8 @@ fn timed_share(raw: &ProfileRaw, listed: &[String]) -> f64 {
     }
 }
 
-/// One side of a `compare`: a stored profile run.
-fn side_of_run(dir: &Path) -> Result<Side> {
+/// One side of a `compare`: a stored profile run, and what one of its records covers.
+fn side_of_run(dir: &Path) -> Result<(Side, String)> {
     let (m, raw) = match read(dir)? {
         StoredRun::Profile { manifest, raw } => (manifest, raw),
         other => bail!(
@@ -267,7 +267,31 @@ fn side_of_run(dir: &Path) -> Result<Side> {
         &summary,
     );
     side.work = band_work(&raw.graph, &assignments, &BTreeMap::new(), &raw.config.work);
-    Ok(side)
+    // a band whose nodes carry no shapes (the spans of an imported trace) has unknown bytes and
+    // FLOPs, not zero
+    side.work
+        .retain(|_, w| w.weight_bytes + w.activation_bytes > 0 || w.flops > 0.0);
+    // an imported trace says its agreement cannot be measured (node records measure it)
+    if m.engine
+        .settings
+        .get("agreement")
+        .is_some_and(|a| a.starts_with("not measurable"))
+    {
+        side.agreement = f64::NAN;
+    }
+    // an imported trace states its rules' granularity; a measured profile times graph nodes
+    let granularity = m
+        .engine
+        .settings
+        .get("granularity")
+        .cloned()
+        .unwrap_or_else(|| {
+            format!(
+                "one {} graph node per record, each timed alone (TIMED), scaled to the FUSED wall",
+                m.engine.engine
+            )
+        });
+    Ok((side, granularity))
 }
 
 /// Two stored profile runs side by side; `force` compares runs that did not do the same work;
@@ -278,8 +302,8 @@ pub fn compare_runs(
     force: bool,
     fail_above: Option<f64>,
 ) -> Result<LedgerReport> {
-    let a = side_of_run(a)?;
-    let b = side_of_run(b)?;
+    let (a, a_granularity) = side_of_run(a)?;
+    let (b, b_granularity) = side_of_run(b)?;
     // stored runs carry no peaks (and may come from another machine): no roofline verdict
     let ledger = compare(a, b, force, None)?;
     Ok(LedgerReport {
@@ -289,6 +313,8 @@ pub fn compare_runs(
         replay_b: None,
         peaks: None,
         notes: vec![
+            format!("granularity A: {a_granularity}"),
+            format!("granularity B: {b_granularity}"),
             "bytes count every expert of an expert matmul (routing not stored): an upper bound"
                 .into(),
             "no peaks are measured for stored runs: what limits a band is not judged (`opledger ledger` measures them)"

@@ -160,6 +160,9 @@ pub struct Side {
     pub decode_tokens: u32,
     pub fused_ms: f64,
     pub coverage: f64,
+    /// NaN (null in JSON) where it cannot be measured: an imported trace is one run of its
+    /// engine, with no untraced run to hold its sum against.
+    #[serde(deserialize_with = "crate::ab::nan_when_null")]
     pub agreement: f64,
     /// Band -> ms/token (share x wall).
     pub ms_per_token: BTreeMap<String, f64>,

@@ -133,13 +133,20 @@ fn heading(r: &LedgerReport) -> String {
             f64::NAN
         }
     );
+    let agreement = |a: f64| {
+        if a.is_finite() {
+            format!("{:+.1} %", a * 100.0)
+        } else {
+            "not measurable".to_string()
+        }
+    };
     let _ = writeln!(
         out,
-        "coverage A {:.1} %, B {:.1} % · agreement A {:+.1} %, B {:+.1} %{}",
+        "coverage A {:.1} %, B {:.1} % · agreement A {}, B {}{}",
         l.a.coverage * 100.0,
         l.b.coverage * 100.0,
-        l.a.agreement * 100.0,
-        l.b.agreement * 100.0,
+        agreement(l.a.agreement),
+        agreement(l.b.agreement),
         if l.forced {
             " · FORCED: the runs did different work"
         } else {

@@ -28,6 +28,9 @@ pub struct ImportArgs {
     /// records' own for node records.
     #[arg(long, value_parser = super::flags::at_least_one)]
     pub tokens: Option<u32>,
+    /// Leave out the first N steps of the trace (warm-up passes the engine traced too).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub skip_steps: u32,
     /// The GGUF file the engine ran, recorded in the manifest (so `compare` can match runs).
     #[arg(long)]
     pub model: Option<PathBuf>,
@@ -92,6 +95,7 @@ pub fn run(args: ImportArgs) -> Result<ExitCode> {
         rules_text,
         step: args.step.clone(),
         tokens: args.tokens.unwrap_or(1),
+        skip_steps: args.skip_steps,
     };
     // read before creating the folder: a bad trace leaves nothing behind
     let imported = opledger_app::import::run(&req, model.as_ref())?;

