@@ -304,7 +304,7 @@ fn every_family_profiles_with_full_coverage_and_the_counts_its_architecture_pred
 
 #[test]
 fn isolation_is_calibrated_through_the_scheduler_and_the_callback() {
-    let _machine = crate::machine::shared();
+    let _machine = crate::machine::alone();
     // The calibration's trivial nodes take TIMED mode's path: every node asked, computed alone
     // by a scheduler, observed by the instrument's callback, with views between them as a real
     // graph has (after a view the pool's workers sleep and the next node must wake them). That

@@ -5,7 +5,7 @@
 mod fixture;
 
 /// The machine the tests share. A test whose assertions rest on timing (slopes across depth,
-/// replay validations) takes it alone; every other test shares it, so a timed measurement never
+/// replay validations, the isolation cost against the bare graph compute) takes it alone; every other test shares it, so a timed measurement never
 /// runs beside another engine's threads (two two-thread engines on two cores time the
 /// scheduler, not the engine). The lock prefers a waiting writer: once a timing test waits, no
 /// new test starts beside it.

@@ -4,7 +4,7 @@
 //! candle-transformers' own Gemma 3 wrote of itself on the same file, imported and compared with
 //! llama.cpp's profile of the same chunk.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
 
@@ -90,7 +90,7 @@ fn gemma3_270m_layer_kinds_follow_its_sliding_window() {
 }
 
 #[test]
-fn gemma3_270m_profiles_with_full_coverage() {
+fn gemma3_270m_profiles_with_full_coverage_and_compares_with_candle_transformers_own_trace() {
     let _machine = crate::machine::shared();
     let model = gemma3_270m();
     let dir = tempfile::tempdir().unwrap();
@@ -126,6 +126,8 @@ fn gemma3_270m_profiles_with_full_coverage() {
         .map(|b| b["band"].as_str().unwrap())
         .collect();
     assert_eq!(bands, ["attention", "projections", "dense_ffn", "other"]);
+    // the same chunk as candle-transformers traced it, beside this profile
+    candle_transformers_trace_compares_with(&model, &dir.path().join("run"), dir.path());
 }
 
 /// The trace `tools/candle-trace` recorded: candle-transformers 0.11.1's own quantized Gemma 3
@@ -139,7 +141,7 @@ fn candle_trace() -> PathBuf {
 /// A second reading of the trace, independent of opledger's reader: the self time of every
 /// span (its duration less its direct children's) per step, summed into the bands the shipped
 /// rules name for candle-transformers' spans (the span and the one it is nested in).
-fn bands_by_hand(trace: &std::path::Path) -> Vec<std::collections::BTreeMap<&'static str, f64>> {
+fn bands_by_hand(trace: &Path) -> Vec<std::collections::BTreeMap<&'static str, f64>> {
     let events: Vec<serde_json::Value> =
         serde_json::from_slice(&std::fs::read(trace).unwrap()).unwrap();
     let band = |name: &str, parent: &str| -> &'static str {
@@ -178,12 +180,10 @@ fn bands_by_hand(trace: &std::path::Path) -> Vec<std::collections::BTreeMap<&'st
     steps
 }
 
-#[test]
-fn a_candle_transformers_trace_of_gemma3_270m_imports_and_compares_with_llama_cpp() {
-    let _machine = crate::machine::shared();
-    let model = gemma3_270m();
-    let dir = tempfile::tempdir().unwrap();
-    let imported = dir.path().join("candle");
+/// candle-transformers' trace of Gemma 3 270M imported with the shipped rules (bands as read by
+/// hand, full coverage) and compared with `llama`, llama.cpp's profile of the same 64 tokens.
+fn candle_transformers_trace_compares_with(model: &Path, llama: &Path, dir: &Path) {
+    let imported = dir.join("candle");
     opledger()
         .arg("import")
         .arg(candle_trace())
@@ -197,7 +197,7 @@ fn a_candle_transformers_trace_of_gemma3_270m_imports_and_compares_with_llama_cp
             "-q",
         ])
         .arg("--model")
-        .arg(&model)
+        .arg(model)
         .arg("-o")
         .arg(&imported)
         .assert()
@@ -244,19 +244,10 @@ fn a_candle_transformers_trace_of_gemma3_270m_imports_and_compares_with_llama_cp
             "{band}: {ms} vs {per_step:?}"
         );
     }
-    // llama.cpp's profile of the same chunk on the same file, and the two side by side
-    let llama = dir.path().join("llama");
-    opledger()
-        .args(["profile", "-p", "64", "-r", "2", "-t", "2", "-q", "-m"])
-        .arg(&model)
-        .arg("-o")
-        .arg(&llama)
-        .assert()
-        .get_output();
     let out = opledger()
         .args(["compare", "--json"])
         .arg(&imported)
-        .arg(&llama)
+        .arg(llama)
         .assert()
         .success()
         .get_output()
