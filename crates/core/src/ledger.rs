@@ -688,25 +688,7 @@ mod tests {
     #[test]
     fn opportunity_is_amdahl_on_the_slower_side_by_hand() {
         // seed 000's table again: A totals 570.7 ms, B 519.7 ms
-        let a = side(
-            "mine",
-            &[
-                ("projections", 252.2),
-                ("attention", 19.1),
-                ("linear_attention", 53.5),
-                ("moe", 245.9),
-            ],
-        );
-        let b = side(
-            "llama.cpp",
-            &[
-                ("projections", 188.3),
-                ("attention", 5.8),
-                ("linear_attention", 55.5),
-                ("moe", 270.1),
-            ],
-        );
-        let l = compare(a, b, false, None).unwrap();
+        let l = seed_000();
         let get = |band: &str| {
             l.rows
                 .iter()
@@ -801,9 +783,8 @@ mod tests {
         assert_eq!(failed, ["x"]);
     }
 
-    #[test]
-    fn the_seed_000_ledger_by_hand() {
-        // seed 000's table: mine vs llama.cpp, ms
+    /// Seed 000's table: mine vs llama.cpp, ms.
+    fn seed_000() -> Ledger {
         let a = side(
             "mine",
             &[
@@ -822,7 +803,12 @@ mod tests {
                 ("moe", 270.1),
             ],
         );
-        let l = compare(a, b, false, None).unwrap();
+        compare(a, b, false, None).unwrap()
+    }
+
+    #[test]
+    fn the_seed_000_ledger_by_hand() {
+        let l = seed_000();
         let order: Vec<&str> = l.rows.iter().map(|r| r.band.as_str()).collect();
         assert_eq!(
             order,
