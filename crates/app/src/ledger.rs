@@ -205,14 +205,11 @@ fn regressions(report: &LedgerReport) -> Exit {
         .iter()
         .flat_map(|g| g.failed())
         .map(|r| {
-            let change = r
-                .slower
-                .map_or("new in this run".to_string(), |s| format!("{:+.1} %", s * 100.0));
             (
                 r.band.clone(),
                 format!(
-                    "{change}: {:.4} ms/token (cycles {:.4}-{:.4}) against the baseline's {:.4} ({:.4}-{:.4})",
-                    r.a_ms_per_token, r.a_range.0, r.a_range.1, r.b_ms_per_token, r.b_range.0, r.b_range.1
+                    "{}: {:.4} ms/token (cycles {:.4}-{:.4}) against the baseline's {:.4} ({:.4}-{:.4})",
+                    r.change(), r.a_ms_per_token, r.a_range.0, r.a_range.1, r.b_ms_per_token, r.b_range.0, r.b_range.1
                 ),
             )
         })

@@ -471,6 +471,14 @@ pub struct Gate {
     pub b_cycles: u32,
 }
 
+impl GateRow {
+    /// The change as printed: `+9.0 %`, or `new in A` for a band the baseline lacks.
+    pub fn change(&self) -> String {
+        self.slower
+            .map_or("new in A".to_string(), |s| format!("{:+.1} %", s * 100.0))
+    }
+}
+
 impl Gate {
     pub fn failed(&self) -> Vec<&GateRow> {
         self.rows.iter().filter(|r| r.fails).collect()

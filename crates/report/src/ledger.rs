@@ -345,14 +345,11 @@ fn gate_text(g: &Gate) -> String {
         }
     );
     for row in &g.rows {
-        let change = row
-            .slower
-            .map_or("new in A".to_string(), |s| format!("{:+.1} %", s * 100.0));
         let _ = writeln!(
             out,
             "  {:<18} {:>9} A {:.4} ({:.4}-{:.4}) B {:.4} ({:.4}-{:.4}){}",
             row.band,
-            change,
+            row.change(),
             row.a_ms_per_token,
             row.a_range.0,
             row.a_range.1,

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use opledger_app::model::ModelFile;
 use opledger_candle::{CandleConfig, CandleEngine};
 use opledger_core::arch::ArchInfo;
-use opledger_core::band::{Assignment, BandRules, UNASSIGNED};
+use opledger_core::band::{Assignment, BandRules};
 use opledger_core::engine::{Engine, Mode, Work};
 use opledger_core::node::{weight_token, NodeInfo};
-use opledger_core::profile::{analyse, measure, CheckStatus, ProfileConfig};
+use opledger_core::profile::{analyse, measure, ProfileConfig};
 use opledger_core::tokens::filler_tokens;
 use opledger_gguf::{synthesize, GgmlType, GgufFile, GgufWriter, SynthOptions, TensorSpec};
 use opledger_llama::{Backend, Context, ContextParams, FlashAttn, Model, ModelParams, ThreadPool};
@@ -278,31 +278,7 @@ fn profile_and_check(
     };
     let raw = measure(&mut e, &cfg, &mut |_, _, _| {}).unwrap();
     let (assignments, summary) = analyse(&raw, &rules, &arch).unwrap();
-    let unassigned: Vec<&str> = raw
-        .graph
-        .iter()
-        .zip(&assignments)
-        .filter(|(_, a)| a.band == UNASSIGNED)
-        .map(|(n, _)| n.name.as_str())
-        .collect();
-    assert!(unassigned.is_empty(), "nodes in no band: {unassigned:?}");
-    assert_eq!(summary.coverage, 1.0);
-    assert!(summary.audit.is_empty(), "{:?}", summary.audit);
-    assert!(
-        summary.outputs_identical,
-        "FUSED, FUSED-observed and TIMED runs computed different logits"
-    );
-    for c in &summary.checks {
-        // agreement, overhead and cycles are goals a tiny run may miss; noise says whether
-        // other processes ran meanwhile, and a test must not assume the machine is quiet
-        if !["agreement", "overhead", "cycles", "noise"].contains(&c.name.as_str()) {
-            assert_eq!(c.status, CheckStatus::Pass, "{}: {}", c.name, c.detail);
-        }
-    }
-    assert!(raw
-        .cycles
-        .iter()
-        .all(|c| c.node_us.len() == raw.graph.len()));
+    crate::assert_profile_is_sound(&raw, &assignments, &summary);
     assert_eq!(e.info().engine, "candle");
     // producers point backwards at nodes that exist, and every layer parses
     for n in &raw.graph {

@@ -23,6 +23,64 @@ mod machine {
     }
 }
 
+/// `opledger report --format json RUN` succeeds and prints the stored `summary.json` byte for byte:
+/// the run re-renders from what it stored.
+fn assert_report_reproduces_summary(run: &std::path::Path) {
+    let again = assert_cmd::Command::cargo_bin("opledger")
+        .unwrap()
+        .args(["report", "--format", "json"])
+        .arg(run)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    assert!(
+        again == std::fs::read(run.join("summary.json")).unwrap(),
+        "report differs"
+    );
+}
+
+/// A measured profile is sound: every node in a band, coverage 100 %, the audit clean, every run
+/// computed the same logits, every check passed except those that judge the machine's timing
+/// (agreement, overhead, cycles, noise: a test on a shared 2-core machine must not assert that it
+/// was quiet), and every cycle timed every node.
+fn assert_profile_is_sound(
+    raw: &opledger_core::profile::ProfileRaw,
+    assignments: &[opledger_core::band::Assignment],
+    summary: &opledger_core::profile::ProfileSummary,
+) {
+    let unassigned: Vec<&str> = raw
+        .graph
+        .iter()
+        .zip(assignments)
+        .filter(|(_, a)| a.band == opledger_core::band::UNASSIGNED)
+        .map(|(n, _)| n.name.as_str())
+        .collect();
+    assert!(unassigned.is_empty(), "nodes in no band: {unassigned:?}");
+    assert_eq!(summary.coverage, 1.0);
+    assert!(summary.audit.is_empty(), "{:?}", summary.audit);
+    assert!(
+        summary.outputs_identical,
+        "the runs of the profile computed different logits"
+    );
+    for c in &summary.checks {
+        if !["agreement", "overhead", "cycles", "noise"].contains(&c.name.as_str()) {
+            assert_eq!(
+                c.status,
+                opledger_core::profile::CheckStatus::Pass,
+                "{}: {}",
+                c.name,
+                c.detail
+            );
+        }
+    }
+    assert!(raw
+        .cycles
+        .iter()
+        .all(|c| c.node_us.len() == raw.graph.len()));
+}
+
 mod ab;
 mod candle_engine;
 mod census;

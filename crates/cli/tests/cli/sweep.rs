@@ -98,19 +98,7 @@ fn attention_grows_with_depth_and_every_depth_is_covered() {
     assert!(run.join("chart.svg").is_file() && run.join("depths.csv").is_file());
     assert_eq!(chunk_files(&run).len(), 17 * 2 * 3);
     // report re-renders the same summary from the stored chunks
-    let again = Command::cargo_bin("opledger")
-        .unwrap()
-        .args(["report", "--format", "json"])
-        .arg(&run)
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    assert!(
-        again == std::fs::read(run.join("summary.json")).unwrap(),
-        "report differs"
-    );
+    crate::assert_report_reproduces_summary(&run);
 }
 
 #[test]
@@ -359,19 +347,7 @@ fn decode_attention_grows_with_depth_and_the_experts_far_less() {
         bench.contains("pp512 @ d4096") && bench.contains("tg8 x4 @ d4608"),
         "{bench}"
     );
-    let again = Command::cargo_bin("opledger")
-        .unwrap()
-        .args(["report", "--format", "json"])
-        .arg(&run)
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    assert!(
-        again == std::fs::read(run.join("summary.json")).unwrap(),
-        "report differs"
-    );
+    crate::assert_report_reproduces_summary(&run);
 }
 
 #[test]
