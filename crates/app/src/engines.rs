@@ -69,6 +69,57 @@ pub struct EngineSettings {
     /// Runtime knobs of an A/B (`threads`, `flash_attn`, `ubatch`, `type_k`, `type_v`,
     /// `repack`), over the settings above; llama.cpp only.
     pub knobs: Knobs,
+    /// Split the model across this machine's CPU and remote RPC servers (llama.cpp only).
+    pub rpc: Option<RpcSettings>,
+}
+
+/// A model split across this machine's CPU and remote RPC servers (`--rpc`, `--rpc-split`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcSettings {
+    /// `host:port` of each server, in the order their devices take layers.
+    pub servers: Vec<String>,
+    /// Layers per device, this machine's CPU first (`None`: as even as the layers allow, the
+    /// remainder to the first devices).
+    pub layers: Option<Vec<u32>>,
+    /// How long a server may take to answer before the run is stopped.
+    pub timeout: std::time::Duration,
+}
+
+impl RpcSettings {
+    /// The layers per device for a model of `n_layer` layers: the ones asked, checked, or an
+    /// even split. Every device needs at least one layer.
+    pub fn layers_for(&self, n_layer: u32) -> Result<Vec<u32>> {
+        let devices = self.servers.len() as u32 + 1;
+        let layers = match &self.layers {
+            Some(l) => {
+                if l.len() as u32 != devices {
+                    bail!(
+                        "--rpc-split lists {} devices; the split has {devices} (this machine's CPU, then {} server{})",
+                        l.len(),
+                        devices - 1,
+                        if devices == 2 { "" } else { "s" }
+                    );
+                }
+                l.clone()
+            }
+            None => {
+                if n_layer < devices {
+                    bail!("a model of {n_layer} layers cannot be split over {devices} devices (at least one layer each)");
+                }
+                (0..devices)
+                    .map(|d| n_layer / devices + u32::from(d < n_layer % devices))
+                    .collect()
+            }
+        };
+        let sum: u32 = layers.iter().sum();
+        if sum != n_layer {
+            bail!("--rpc-split places {sum} layers; the model has {n_layer}");
+        }
+        if layers.contains(&0) {
+            bail!("--rpc-split: every device needs at least one layer (the token embedding stays on this machine's CPU)");
+        }
+        Ok(layers)
+    }
 }
 
 impl EngineSettings {
@@ -81,6 +132,7 @@ impl EngineSettings {
             verbose: false,
             no_repack: false,
             knobs: Knobs::default(),
+            rpc: None,
         }
     }
 
@@ -109,6 +161,15 @@ pub fn open_engine(
     model: &ModelFile,
     settings: &EngineSettings,
 ) -> Result<Box<dyn Engine>> {
+    if kind != EngineKind::LlamaCpp && settings.rpc.is_some() {
+        bail!(
+            "--rpc splits a model through llama.cpp's RPC backend; the {} engine has none",
+            kind.name()
+        );
+    }
+    if settings.rpc.is_some() && settings.gpu_layers > 0 {
+        bail!("--rpc and --gpu-layers together are not supported: the split places every layer");
+    }
     if kind != EngineKind::LlamaCpp && !settings.knobs.0.is_empty() {
         bail!(
             "runtime knobs ({}) are llama.cpp's; the {} engine has none",
@@ -188,7 +249,20 @@ pub fn load_llama(model: &ModelFile, s: &EngineSettings) -> Result<opledger_llam
         type_k: kv("type_k")?,
         type_v: kv("type_v")?,
         verbose: s.verbose,
+        rpc: match &s.rpc {
+            Some(r) => Some(opledger_llama::rpc::RpcSplit {
+                servers: r.servers.clone(),
+                layers: r.layers_for(model.arch.layers.len() as u32)?,
+                timeout: r.timeout,
+            }),
+            None => None,
+        },
     };
+    if let Some(r) = &s.rpc {
+        // servers on this machine compute part of the measured graph: the noise gate counts
+        // their CPU time as this run's own
+        opledger_core::noise::count_as_own(&crate::rpc::local_server_pids(&r.servers));
+    }
     let what = if knobs.0.is_empty() {
         String::new()
     } else {
@@ -222,4 +296,41 @@ fn open_candle(model: &ModelFile, s: &EngineSettings) -> Result<Box<dyn Engine>>
 #[cfg(not(feature = "candle"))]
 fn open_candle(_model: &ModelFile, _s: &EngineSettings) -> Result<Box<dyn Engine>> {
     bail!("this opledger was built without the candle engine (feature `candle`)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rpc(servers: usize, layers: Option<Vec<u32>>) -> RpcSettings {
+        RpcSettings {
+            servers: (0..servers)
+                .map(|i| format!("127.0.0.1:{}", 50052 + i))
+                .collect(),
+            layers,
+            timeout: std::time::Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn a_split_places_every_layer_once_with_at_least_one_a_device() {
+        // 10 layers over 3 devices: 4, 3, 3 (the remainder to the first)
+        assert_eq!(rpc(2, None).layers_for(10).unwrap(), [4, 3, 3]);
+        assert_eq!(rpc(1, None).layers_for(8).unwrap(), [4, 4]);
+        assert_eq!(
+            rpc(2, Some(vec![2, 1, 1])).layers_for(4).unwrap(),
+            [2, 1, 1]
+        );
+        for (servers, layers, n) in [
+            (2, Some(vec![2, 2]), 4),    // two counts for three devices
+            (2, Some(vec![2, 1, 2]), 4), // five layers for four
+            (1, Some(vec![0, 4]), 4),    // nothing local
+            (2, None, 2),                // fewer layers than devices
+        ] {
+            assert!(
+                rpc(servers, layers.clone()).layers_for(n).is_err(),
+                "{layers:?} of {n}"
+            );
+        }
+    }
 }

@@ -138,6 +138,8 @@ pub fn run_records(
         gate: Default::default(),
         outputs_checked_finite: false,
         node_steps: Some(1),
+        one_process_fused_ms: Vec::new(),
+        one_process_outputs: None,
     };
     let settings: BTreeMap<String, String> = [
         ("imported_from", hash.path.clone()),
@@ -295,6 +297,7 @@ fn build(
             skipped: false,
             op_code: None,
             op_params: Vec::new(),
+            device: None,
         });
     }
     let cycles = trace
@@ -329,6 +332,8 @@ fn build(
         gate: Default::default(),
         outputs_checked_finite: false,
         node_steps: Some(1),
+        one_process_fused_ms: Vec::new(),
+        one_process_outputs: None,
     };
     let band_rules = BandRules {
         architectures: vec!["*".into()],

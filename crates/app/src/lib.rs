@@ -16,6 +16,7 @@ pub mod model;
 pub mod ops;
 pub mod outcome;
 pub mod profile;
+pub mod rpc;
 pub mod runs;
 pub mod sweep;
 pub mod ui;

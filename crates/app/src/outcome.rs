@@ -18,6 +18,10 @@ pub const INCONCLUSIVE: u8 = 5;
 /// `compare --fail-above`: a band of the new run is slower than the baseline beyond the
 /// threshold and beyond both runs' spread.
 pub const REGRESSED: u8 = 6;
+/// A remote device (an RPC server) failed during the run: it closed the connection, answered
+/// wrongly, or stopped answering for longer than `--rpc-timeout`. The run folder stays marked
+/// incomplete.
+pub const REMOTE_FAILED: u8 = 7;
 
 /// How a finished command ends.
 #[derive(Debug, Clone, PartialEq)]

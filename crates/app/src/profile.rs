@@ -99,3 +99,44 @@ pub fn exit(profiles: &[Profiled]) -> Exit {
         .iter()
         .fold(Exit::Ok, |e, p| e.and(of_checks(&p.summary.checks)))
 }
+
+/// A split profile's comparison with one process: the same work on this machine's CPU alone
+/// (every layer local, the RPC servers unused), `warmup` unmeasured then `cycles` FUSED runs;
+/// their walls, and its logits against `split_logits` (the split engine's last run) under the
+/// A/B correctness gate's tolerance.
+pub fn one_process(
+    file: &ModelFile,
+    settings: &crate::engines::EngineSettings,
+    work: &Work,
+    cycles: u32,
+    warmup: u32,
+    split_logits: &[Vec<f32>],
+    ui: &mut dyn Ui,
+) -> Result<(Vec<f64>, opledger_core::ab::Correctness)> {
+    use opledger_core::engine::Mode;
+    let local = crate::engines::EngineSettings {
+        rpc: None,
+        ..settings.clone()
+    };
+    let mut engine =
+        crate::engines::open_engine(crate::engines::EngineKind::LlamaCpp, file, &local)
+            .context("loading the model on one process for the comparison")?;
+    engine.prepare(work)?;
+    let total = (warmup + cycles) as u64;
+    let mut walls = Vec::with_capacity(cycles as usize);
+    for i in 0..warmup + cycles {
+        ui.progress(i as u64, total, "one process FUSED");
+        let t = engine.run(Mode::Fused)?;
+        if i >= warmup {
+            walls.push(t.wall_ms);
+        }
+    }
+    ui.progress(total, total, "one process FUSED");
+    let logits = engine.logits()?;
+    let outputs = opledger_core::ab::compare_logits(
+        split_logits,
+        &logits,
+        &opledger_core::ab::Tolerance::default(),
+    );
+    Ok((walls, outputs))
+}

@@ -218,6 +218,7 @@ impl Instrument {
             skipped: false,
             op_code: None,
             op_params: Vec::new(),
+            device: None,
         });
         self.ops.push(op);
         Ok(())

@@ -76,6 +76,7 @@ fn graph(layers: u32, nodes: usize) -> Vec<NodeInfo> {
                     skipped: false,
                     op_code: None,
                     op_params: Vec::new(),
+                    device: None,
                 });
                 if g.len() == nodes {
                     return g;

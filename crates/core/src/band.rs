@@ -631,6 +631,7 @@ mod tests {
             skipped: false,
             op_code: None,
             op_params: Vec::new(),
+            device: None,
         }
     }
 

@@ -1031,6 +1031,7 @@ mod tests {
             skipped: false,
             op_code: None,
             op_params: Vec::new(),
+            device: None,
         }
     }
 

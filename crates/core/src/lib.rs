@@ -22,6 +22,7 @@ pub mod profile;
 pub mod records;
 pub mod replay;
 pub mod run_folder;
+pub mod split;
 pub mod stats;
 pub mod sweep;
 pub mod system;

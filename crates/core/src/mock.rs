@@ -201,6 +201,7 @@ impl MockEngine {
                 skipped: false,
                 op_code: None,
                 op_params: Vec::new(),
+                device: None,
             });
         }
         MockEngine {

@@ -80,6 +80,11 @@ pub struct NodeInfo {
     pub op_code: Option<u32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub op_params: Vec<i32>,
+    /// The device the node ran on, where the graph is split across devices (`CPU`,
+    /// `RPC0[host:port]`; for a transfer node the link, `CPU -> RPC0[...]`); `None` on one
+    /// device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
 }
 
 impl NodeInfo {

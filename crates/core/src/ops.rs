@@ -345,6 +345,7 @@ mod tests {
             skipped: false,
             op_code: None,
             op_params: vec![],
+            device: None,
         }
     }
 

@@ -112,6 +112,60 @@ pub fn parse_cpuinfo(text: &str) -> SystemSnapshot {
     snap
 }
 
+/// The inodes of the TCP sockets listening on `port` in a `/proc/net/tcp` or `tcp6` table.
+pub fn listening_inodes(table: &str, port: u16) -> Vec<u64> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let local_port = f.get(1)?.rsplit_once(':')?.1;
+            let listening = *f.get(3)? == "0A";
+            (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+                .then(|| f.get(9)?.parse().ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// The processes of this machine listening on TCP `port` (through /proc; empty where it is
+/// not there or the sockets belong to processes this one cannot inspect).
+pub fn listening_pids(port: u16) -> Vec<u32> {
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        if let Ok(t) = std::fs::read_to_string(table) {
+            inodes.extend(listening_inodes(&t, port));
+        }
+    }
+    if inodes.is_empty() {
+        return Vec::new();
+    }
+    let wanted: Vec<String> = inodes.iter().map(|i| format!("socket:[{i}]")).collect();
+    let mut pids = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        if fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|l| wanted.iter().any(|w| l.as_os_str() == w.as_str()))
+        }) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +182,14 @@ mod tests {
         assert_eq!(meminfo_kib(mem, "MemTotal"), Some(24_576_000));
         assert_eq!(meminfo_kib(mem, "MemAvailable"), Some(20_000_000));
         assert_eq!(meminfo_kib(mem, "Nope"), None);
+    }
+
+    #[test]
+    fn listening_sockets_by_port() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 00000000:07E8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1677 1 0 100 0 0 10 0\n   1: 0100007F:C38E 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 22917 1 0 100 0 0 10 0\n   3: 0100007F:AECE 0100007F:C38E 01 00000000:00000000 03:00000816 00000000     0        0 555 3 0\n";
+        // 0xC38E = 50062: the listening socket, not the connection to it
+        assert_eq!(listening_inodes(table, 50062), vec![22917]);
+        assert_eq!(listening_inodes(table, 2024), vec![1677]);
+        assert!(listening_inodes(table, 44750).is_empty());
     }
 }

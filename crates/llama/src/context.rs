@@ -32,6 +32,9 @@ pub struct ContextParams {
     /// Install the eval-callback instrument. Without it the scheduler computes each split in one
     /// call (the true native path); with it, the instrument decides per node.
     pub instrumented: bool,
+    /// The model is split across devices (RPC): the instrument records each node's device and
+    /// waits for remote nodes in TIMED mode.
+    pub split: bool,
     /// Sequences the context holds (parallel decode), at least 1.
     pub n_seq_max: u32,
     /// One KV buffer shared by all sequences (a shared prefix is stored once), as
@@ -97,6 +100,9 @@ pub struct Context {
     model: Arc<Model>,
     n_ctx: u32,
     n_batch: u32,
+    /// When the last `llama_decode` returned (its outputs read back), for the time a split
+    /// graph's outputs take to come back from a remote device.
+    pub(crate) decoded_at: Option<std::time::Instant>,
 }
 
 impl std::fmt::Debug for Context {
@@ -140,7 +146,9 @@ impl Context {
             FlashAttn::Off => sys::LLAMA_FLASH_ATTN_TYPE_DISABLED,
         };
         let observer = if params.instrumented {
-            let raw = Box::into_raw(Box::new(Observer::new()));
+            let mut obs = Observer::new();
+            obs.devices = params.split;
+            let raw = Box::into_raw(Box::new(obs));
             p.cb_eval = Some(eval_trampoline);
             p.cb_eval_user_data = raw.cast();
             // SAFETY: Box::into_raw never returns null.
@@ -184,6 +192,7 @@ impl Context {
             model,
             n_ctx,
             n_batch: params.n_batch,
+            decoded_at: None,
         })
     }
 
@@ -290,11 +299,15 @@ impl Context {
 
     fn decode_entries(&mut self, entries: &[BatchEntry]) -> Result<(), LlamaError> {
         let batch = Batch::new(entries)?;
+        // a decode over remote devices is watched (rpc.rs): one that stops moving ends the run
+        crate::rpc::arm(true);
         // SAFETY: ptr is a valid context; batch's arrays hold batch.raw.n_tokens entries and
         // stay alive until after the call; llama_decode does not keep them.
         let code = unsafe { sys::llama_decode(self.ptr.as_ptr(), batch.raw) };
         // SAFETY: ptr is a valid context.
         unsafe { sys::llama_synchronize(self.ptr.as_ptr()) };
+        self.decoded_at = Some(std::time::Instant::now());
+        crate::rpc::arm(false);
         if let Some(obs) = self.observer {
             // SAFETY: decode returned; we hold &mut self, so no one else touches the Observer.
             if let Some(msg) = unsafe { (*obs.as_ptr()).panic.take() } {

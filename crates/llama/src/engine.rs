@@ -10,6 +10,7 @@ use opledger_core::engine::{
     GraphCapturer, Mode, OpTime, OpTimeRequest, OpTimer, ReplayEngine, SweepEngine, Work,
 };
 use opledger_core::node::NodeInfo;
+use opledger_core::split::Slot;
 use opledger_core::tokens::{filler_tokens, hash_f32};
 
 use crate::backend::Backend;
@@ -41,6 +42,8 @@ pub struct LlamaConfig {
     pub type_v: Option<KvType>,
     /// Print llama.cpp's log to stderr.
     pub verbose: bool,
+    /// Split the model across this machine's CPU and remote RPC servers.
+    pub rpc: Option<crate::rpc::RpcSplit>,
 }
 
 impl LlamaConfig {
@@ -57,6 +60,7 @@ impl LlamaConfig {
             type_k: None,
             type_v: None,
             verbose: false,
+            rpc: None,
         }
     }
 }
@@ -82,6 +86,9 @@ pub struct LlamaEngine {
     load_ms: f64,
     /// The mode of the last run, whose context holds the logits.
     last_mode: Option<Mode>,
+    /// Split graphs: per position of the graph, the round trip to a remote node's device the
+    /// last TIMED run measured right after it (0 elsewhere), µs.
+    remote_iso_us: Vec<f64>,
 }
 
 /// The two contexts of the prepared work, on one model and thread pool.
@@ -101,19 +108,61 @@ struct CapturedGraph {
     dispatch: Vec<crate::calibrate::Dispatch>,
     /// The largest node output: the replay scratch buffer's size.
     scratch_bytes: usize,
+    /// What each position of the reported graph holds: the observed nodes, and where the graph
+    /// is split across devices the transfers between them (see `opledger_core::split`).
+    slots: Vec<Slot>,
+    /// Per observed node: the remote device it ran on (an index into the graph's remote
+    /// devices), `None` for a local node.
+    remote: Vec<Option<usize>>,
 }
 
 impl CapturedGraph {
-    fn of(nodes: &[NodeInfo], ops: Vec<u32>, all_threads: &[bool]) -> CapturedGraph {
-        CapturedGraph {
-            ops,
-            dispatch: dispatch_of(nodes, all_threads),
-            scratch_bytes: nodes
-                .iter()
-                .map(|n| n.out.size_bytes as usize)
-                .max()
-                .unwrap_or(0),
-        }
+    /// The captured graph and the graph to report: with a transfer node at every change of
+    /// device when the model is split.
+    fn of(
+        nodes: Vec<NodeInfo>,
+        ops: Vec<u32>,
+        all_threads: &[bool],
+    ) -> (CapturedGraph, Vec<NodeInfo>) {
+        let dispatch = dispatch_of(&nodes, all_threads);
+        let scratch_bytes = nodes
+            .iter()
+            .map(|n| n.out.size_bytes as usize)
+            .max()
+            .unwrap_or(0);
+        let mut remote_devices: Vec<&str> = Vec::new();
+        let remote = nodes
+            .iter()
+            .map(|n| {
+                let d = n
+                    .device
+                    .as_deref()
+                    .filter(|d| opledger_core::split::is_remote(d))?;
+                Some(match remote_devices.iter().position(|r| *r == d) {
+                    Some(k) => k,
+                    None => {
+                        remote_devices.push(d);
+                        remote_devices.len() - 1
+                    }
+                })
+            })
+            .collect();
+        let (reported, slots) = opledger_core::split::with_transfers(nodes);
+        (
+            CapturedGraph {
+                ops,
+                dispatch,
+                scratch_bytes,
+                slots,
+                remote,
+            },
+            reported,
+        )
+    }
+
+    /// The graph has transfer nodes (it is split across devices).
+    fn split(&self) -> bool {
+        self.slots.len() != self.ops.len()
     }
 }
 
@@ -127,6 +176,7 @@ impl LlamaEngine {
             &ModelParams {
                 gpu_layers: cfg.gpu_layers,
                 no_repack: cfg.no_repack,
+                rpc: cfg.rpc.clone(),
             },
         )?;
         let pool = ThreadPool::new(cfg.threads)?;
@@ -144,6 +194,7 @@ impl LlamaEngine {
             decode_graph: None,
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
             last_mode: None,
+            remote_iso_us: Vec::new(),
         })
     }
 
@@ -173,6 +224,7 @@ impl LlamaEngine {
                 .clamp(1, chunk_tokens.max(1)),
             flash_attn: self.cfg.flash_attn,
             instrumented,
+            split: self.cfg.rpc.is_some(),
             n_seq_max: n_seq.max(1),
             kv_unified: n_seq > 1,
             type_k: self.cfg.type_k,
@@ -265,14 +317,64 @@ impl LlamaEngine {
         let graph = self.graph.take();
         let result = self
             .read_observer(mode, graph.as_ref().map(|g| g.ops.as_slice()))
-            .map(|(nodes_seen, node_us)| ChunkTiming {
-                wall_ms,
-                node_us,
-                nodes_seen,
-                output_hash,
+            .and_then(|(nodes_seen, node_us)| {
+                let node_us = match &graph {
+                    Some(g) if mode == Mode::Timed && g.split() => self.split_times(g, &node_us)?,
+                    _ => node_us,
+                };
+                Ok(ChunkTiming {
+                    wall_ms,
+                    node_us,
+                    nodes_seen,
+                    output_hash,
+                })
             });
         self.graph = graph;
         result
+    }
+
+    /// A TIMED run of a split graph in the reported graph's positions: the nodes' times, each
+    /// transfer the gap before the node it feeds, the outputs the time from the last node to the
+    /// end of the decode. Keeps each remote node's isolation: the median TIMED time of the nodes
+    /// that do no work (views) on its device in this run, each of which is one graph sent, a
+    /// server's dispatch of nothing and one round trip (what isolating a node costs there).
+    fn split_times(&mut self, g: &CapturedGraph, node_us: &[f64]) -> Result<Vec<f64>, EngineError> {
+        let ctx = self.context(Mode::Timed)?;
+        let decoded_at = ctx.decoded_at;
+        let obs = ctx.observer_mut()?;
+        let gap_us: Vec<f64> = obs.gap_ns.iter().map(|&ns| ns as f64 / 1e3).collect();
+        let tail_us = match (decoded_at, obs.last_end) {
+            (Some(end), Some(last)) => end.saturating_duration_since(last).as_secs_f64() * 1e6,
+            _ => 0.0,
+        };
+        let devices = g.remote.iter().flatten().max().map_or(0, |m| m + 1);
+        let per_device: Vec<f64> = (0..devices)
+            .map(|d| {
+                let idle: Vec<f64> = (0..node_us.len())
+                    .filter(|&i| {
+                        g.remote.get(i) == Some(&Some(d))
+                            && g.dispatch.get(i) == Some(&crate::calibrate::Dispatch::Idle)
+                    })
+                    .map(|i| node_us[i])
+                    .collect();
+                opledger_core::stats::median(&idle).unwrap_or(0.0)
+            })
+            .collect();
+        // a transfer into a remote device was timed up to the answer of a read on it: half a
+        // round trip (the answer's way back) more than the FUSED run waits for
+        let on = |i: usize| g.remote.get(i).copied().flatten();
+        self.remote_iso_us = g
+            .slots
+            .iter()
+            .map(|s| match *s {
+                Slot::Node(i) => on(i).map_or(0.0, |d| per_device[d]),
+                Slot::TransferBefore(i) => on(i).map_or(0.0, |d| per_device[d] / 2.0),
+                Slot::Output => 0.0,
+            })
+            .collect();
+        Ok(opledger_core::split::slot_times(
+            &g.slots, node_us, &gap_us, tail_us,
+        ))
     }
 
     fn read_observer(
@@ -543,6 +645,7 @@ impl LlamaEngine {
                 n_ubatch: work.chunk_tokens,
                 flash_attn: self.cfg.flash_attn,
                 instrumented: true,
+                split: self.cfg.rpc.is_some(),
                 n_seq_max: 1,
                 kv_unified: false,
                 type_k: self.cfg.type_k,
@@ -578,6 +681,8 @@ impl LlamaEngine {
             nodes = std::mem::take(&mut ctx.observer_mut()?.captured);
             chunk_nodes_computed = nodes.len() as u32;
         }
+        // a split graph: the transfers between devices as nodes of their own
+        let (nodes, _) = opledger_core::split::with_transfers(nodes);
         Ok(GraphCapture {
             nodes,
             filled_tokens: work.depth_tokens,
@@ -605,6 +710,11 @@ impl Engine for LlamaEngine {
         }
         if let Some(t) = self.cfg.type_v {
             settings.insert("type_v".into(), format!("{t:?}").to_lowercase());
+        }
+        if let Some(r) = &self.cfg.rpc {
+            settings.insert("rpc".into(), r.servers.join(","));
+            let split: Vec<String> = r.layers.iter().map(|l| l.to_string()).collect();
+            settings.insert("rpc_split".into(), split.join(","));
         }
         settings.insert("system_info".into(), self.backend.system_info());
         settings.insert("model_description".into(), self.model.description());
@@ -675,8 +785,9 @@ impl Engine for LlamaEngine {
         self.chunk = chunk;
         self.state = state;
         let (nodes, ops, all_threads) = result?;
-        self.graph = Some(CapturedGraph::of(&nodes, ops, &all_threads));
-        Ok(nodes)
+        let (graph, reported) = CapturedGraph::of(nodes, ops, &all_threads);
+        self.graph = Some(graph);
+        Ok(reported)
     }
 
     fn logits(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -713,7 +824,7 @@ impl Engine for LlamaEngine {
     fn calibrate_isolation(
         &mut self,
     ) -> Result<Option<opledger_core::engine::IsolationCalibration>, EngineError> {
-        calibrate(&self.pool, self.graph.as_ref())
+        calibrate(&self.pool, self.graph.as_ref(), &self.remote_iso_us)
     }
 
     fn routed_experts(&mut self) -> Result<Option<BTreeMap<u32, u32>>, EngineError> {
@@ -752,6 +863,7 @@ impl Engine for LlamaEngine {
             skipped: false,
             op_code: Some(llama_cpp_sys_2::GGML_OP_MUL_MAT),
             op_params: Vec::new(),
+            device: None,
         };
         let t = OpTimer::time_node(
             self,
@@ -771,15 +883,19 @@ impl Engine for LlamaEngine {
     }
 
     fn supports(&self, c: Capability) -> bool {
-        matches!(
-            c,
-            Capability::Decode
-                | Capability::Logits
-                | Capability::Sweep
-                | Capability::Replay
-                | Capability::OpTiming
-                | Capability::GraphCapture
-        )
+        // a split model's remote nodes live in memory this process cannot read: no replay of
+        // them, no op timing of them on this CPU
+        let split = self.cfg.rpc.is_some();
+        match c {
+            Capability::Replay | Capability::OpTiming => !split,
+            _ => matches!(
+                c,
+                Capability::Decode
+                    | Capability::Logits
+                    | Capability::Sweep
+                    | Capability::GraphCapture
+            ),
+        }
     }
 
     fn load_ms(&self) -> Option<f64> {
@@ -791,10 +907,16 @@ impl Engine for LlamaEngine {
     }
 
     fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
+        if self.cfg.rpc.is_some() {
+            return None;
+        }
         Some(self)
     }
 
     fn as_op_timer(&mut self) -> Option<&mut dyn OpTimer> {
+        if self.cfg.rpc.is_some() {
+            return None;
+        }
         Some(self)
     }
 
@@ -1037,7 +1159,8 @@ impl SweepEngine for LlamaEngine {
         })();
         self.pool.pause();
         let (nodes, ops, all_threads) = captured?;
-        self.decode_graph = Some(CapturedGraph::of(&nodes, ops, &all_threads));
+        let (graph, nodes) = CapturedGraph::of(nodes, ops, &all_threads);
+        self.decode_graph = Some(graph);
         // the passes start from an empty context again
         if let Some(s) = self.sweep.as_mut() {
             s.next = [None, None];
@@ -1048,7 +1171,7 @@ impl SweepEngine for LlamaEngine {
     fn calibrate_sweep_decode(
         &mut self,
     ) -> Result<Option<opledger_core::engine::IsolationCalibration>, EngineError> {
-        calibrate(&self.pool, self.decode_graph.as_ref())
+        calibrate(&self.pool, self.decode_graph.as_ref(), &self.remote_iso_us)
     }
 }
 
@@ -1105,19 +1228,51 @@ struct SweepState {
 /// graph that is dispatched the same way node for node.
 /// The isolation cost on a calibration graph dispatched as `graph` is, node for node (no graph
 /// captured yet: the average, for every node).
+///
+/// A split graph (RPC): a local node's isolation is the calibration's, a remote node's and a
+/// transfer's what the last TIMED run measured on its device (`remote_iso_us`, by position; see
+/// `split_times`).
 fn calibrate(
     pool: &ThreadPool,
     graph: Option<&CapturedGraph>,
+    remote_iso_us: &[f64],
 ) -> Result<Option<opledger_core::engine::IsolationCalibration>, EngineError> {
     let dispatch = graph.map(|g| g.dispatch.as_slice()).unwrap_or(&[]);
     let c = crate::calibrate::isolation_cost(pool, dispatch, 5)?;
-    let each_node_us = if !dispatch.is_empty() && c.each_node_us.len() == dispatch.len() {
+    let mut each_node_us = if !dispatch.is_empty() && c.each_node_us.len() == dispatch.len() {
         c.each_node_us
     } else {
         Vec::new()
     };
+    let mut per_node_us = c.per_node_us;
+    if let Some(g) = graph.filter(|g| g.split()) {
+        let local = |i: usize| each_node_us.get(i).copied().unwrap_or(c.per_node_us);
+        let split: Vec<f64> = g
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(pos, s)| match *s {
+                Slot::Node(i) if g.remote.get(i).is_some_and(|r| r.is_some()) => {
+                    remote_iso_us.get(pos).copied().unwrap_or(0.0)
+                }
+                Slot::Node(i) => local(i),
+                Slot::TransferBefore(_) | Slot::Output => {
+                    remote_iso_us.get(pos).copied().unwrap_or(0.0)
+                }
+            })
+            .collect();
+        let working: Vec<f64> = g
+            .slots
+            .iter()
+            .zip(&split)
+            .filter(|(s, _)| matches!(s, Slot::Node(i) if g.dispatch.get(*i) != Some(&crate::calibrate::Dispatch::Idle)))
+            .map(|(_, v)| *v)
+            .collect();
+        per_node_us = working.iter().sum::<f64>() / working.len().max(1) as f64;
+        each_node_us = split;
+    }
     Ok(Some(opledger_core::engine::IsolationCalibration {
-        per_node_us: c.per_node_us,
+        per_node_us,
         each_node_us,
     }))
 }

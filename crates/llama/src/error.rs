@@ -18,6 +18,8 @@ pub enum LlamaError {
     CallbackPanicked(String),
     #[error("{0}")]
     Invalid(String),
+    #[error("RPC server {endpoint}: {why}")]
+    Rpc { endpoint: String, why: String },
 }
 
 impl From<LlamaError> for opledger_core::engine::EngineError {

@@ -12,6 +12,7 @@ pub mod model;
 pub mod observer;
 pub mod optime;
 pub mod replay;
+pub mod rpc;
 pub mod threadpool;
 
 pub use backend::Backend;

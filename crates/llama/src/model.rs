@@ -12,6 +12,8 @@ use crate::error::LlamaError;
 /// How to load a model.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ModelParams {
+    /// Split the layers across this machine's CPU and remote RPC servers.
+    pub rpc: Option<crate::rpc::RpcSplit>,
     /// Layers to offload to a GPU (0 = CPU only; ignored without a GPU backend).
     pub gpu_layers: i32,
     /// Do not repack weights into the CPU backend's tiled layouts. Loading then reads nothing
@@ -37,7 +39,7 @@ impl Model {
     /// Loads a GGUF file that passed opledger's gate: llama.cpp can abort on some malformed
     /// files instead of returning an error, so it is given nothing else.
     pub fn load(
-        _backend: &Backend,
+        backend: &Backend,
         model: &opledger_gguf::LlamaLoadable,
         params: &ModelParams,
     ) -> Result<Model, LlamaError> {
@@ -53,18 +55,46 @@ impl Model {
         if params.no_repack {
             p.use_extra_bufts = false;
         }
+        // the remote devices (null-terminated) and the layer split; kept alive across the load
+        let mut devices: Vec<sys::ggml_backend_dev_t> = Vec::new();
+        let mut split: Vec<f32> = Vec::new();
+        if let Some(r) = &params.rpc {
+            let (gpu_layers, s) = r.llama_split()?;
+            crate::rpc::watch(r.timeout);
+            devices = crate::rpc::remote_devices(backend, &r.servers, r.timeout)?
+                .into_iter()
+                .map(|d| d.0)
+                .collect();
+            devices.push(std::ptr::null_mut());
+            split = s;
+            p.devices = devices.as_mut_ptr();
+            p.n_gpu_layers = gpu_layers;
+            p.split_mode = sys::LLAMA_SPLIT_MODE_LAYER;
+            p.tensor_split = split.as_ptr();
+        }
         // SAFETY: c_path is a valid NUL-terminated string that outlives the call; p is a valid
         // params struct obtained from llama.cpp's defaults; the backend token proves
         // llama_backend_init ran.
         let raw = unsafe { sys::llama_model_load_from_file(c_path.as_ptr(), p) };
+        drop((devices, split));
         let ptr = NonNull::new(raw).ok_or_else(|| LlamaError::Load {
             path: path.to_path_buf(),
             why: format!("llama.cpp refused the model ({})", log_tail(3)),
         })?;
-        Ok(Model {
+        let model = Model {
             ptr,
             path: path.to_path_buf(),
-        })
+        };
+        if let Some(r) = &params.rpc {
+            let asked: u32 = r.layers.iter().sum();
+            if asked != model.n_layer() {
+                return Err(LlamaError::Invalid(format!(
+                    "the split places {asked} layers, the model has {}",
+                    model.n_layer()
+                )));
+            }
+        }
+        Ok(model)
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::llama_model {

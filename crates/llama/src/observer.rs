@@ -54,6 +54,16 @@ pub(crate) struct Observer {
     /// SIGMOID), from ggml's own plan of a graph of that node alone.
     pub all_threads: Vec<bool>,
     planner: Option<Planner>,
+    /// The graph is split across devices (RPC): record each node's device, and in TIMED mode
+    /// wait for every remote node to finish (see [`crate::rpc::fence`]).
+    pub devices: bool,
+    /// TIMED mode: per node, the wall between the previous node's end and this node's start
+    /// (where the device changes, the scheduler's copies of the split's inputs).
+    pub gap_ns: Vec<u64>,
+    /// TIMED mode: when the last node ended.
+    pub last_end: Option<Instant>,
+    /// TIMED mode, split graphs: the buffer type of the last node's output (its device).
+    last_device: usize,
 }
 
 /// A small ggml context in which a graph of one node is planned (`ggml_graph_plan`): how many
@@ -119,6 +129,10 @@ impl Observer {
             replayer: None,
             all_threads: Vec::new(),
             planner: None,
+            devices: false,
+            gap_ns: Vec::new(),
+            last_end: None,
+            last_device: 0,
         }
     }
 
@@ -134,6 +148,9 @@ impl Observer {
         self.panic = None;
         self.ids.clear();
         self.all_threads.clear();
+        self.gap_ns.clear();
+        self.last_end = None;
+        self.last_device = 0;
     }
 
     fn on_eval(&mut self, t: &sys::ggml_tensor, ask: bool) -> bool {
@@ -159,15 +176,35 @@ impl Observer {
             }
             (ObserveMode::Timed, true) => {
                 self.nodes_seen += 1;
-                self.t_ask = Some(Instant::now());
+                if self.devices {
+                    // the first node of a split on a remote device: its inputs were sent
+                    // without waiting (ggml's set_tensor is one-way); wait for them to land, so
+                    // the transfer is timed as the gap and not inside the node
+                    let device = crate::rpc::buffer_type(t);
+                    if device != self.last_device && crate::rpc::is_remote(t) {
+                        crate::rpc::fence(t);
+                    }
+                    self.last_device = device;
+                }
+                let now = Instant::now();
+                let gap = self
+                    .last_end
+                    .map_or(0, |t| now.duration_since(t).as_nanos() as u64);
+                self.gap_ns.push(gap);
+                self.t_ask = Some(now);
                 true
             }
             (ObserveMode::Timed, false) => {
+                let remote = self.devices && crate::rpc::is_remote(t);
+                if remote {
+                    crate::rpc::fence(t);
+                }
                 let ns = self
                     .t_ask
                     .take()
                     .map(|t0| t0.elapsed().as_nanos() as u64)
                     .unwrap_or(0);
+                self.last_end = Some(Instant::now());
                 let index = self.timed_ns.len() as u32;
                 self.timed_ns.push(ns);
                 self.ops.push(t.op);
@@ -185,7 +222,11 @@ impl Observer {
             (ObserveMode::Capture, true) => {
                 let index = self.nodes_seen;
                 self.nodes_seen += 1;
-                self.captured.push(describe_node(t, index, &self.producers));
+                let mut node = describe_node(t, index, &self.producers);
+                if self.devices {
+                    node.device = crate::rpc::buffer_device(t);
+                }
+                self.captured.push(node);
                 self.producers.insert(t as *const _ as usize, index);
                 self.ops.push(t.op);
                 if self.planner.is_none() {
@@ -219,6 +260,7 @@ pub(crate) unsafe extern "C" fn eval_trampoline(
     let obs = unsafe { &mut *(user_data as *mut Observer) };
     // SAFETY: t is a non-null node of the graph the scheduler is computing, valid for the call.
     let tensor = unsafe { &*t };
+    crate::rpc::tick();
     match catch_unwind(AssertUnwindSafe(|| obs.on_eval(tensor, ask))) {
         Ok(answer) => answer,
         Err(payload) => {
@@ -305,6 +347,7 @@ fn describe_node(t: &sys::ggml_tensor, index: u32, producers: &HashMap<usize, u3
         is_view,
         name,
         op,
+        device: None,
     }
 }
 

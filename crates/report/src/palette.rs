@@ -13,6 +13,7 @@ pub fn band_rgb(band: &str) -> RGBColor {
         "moe" => RGBColor(0x66, 0x9b, 0xbc),
         "dense_ffn" => RGBColor(0x7b, 0x5e, 0xa7),
         "other" => RGBColor(0x8a, 0xa6, 0x6f),
+        "network" => RGBColor(0x2a, 0x9d, 0x8f),
         _ => RGBColor(0x99, 0x99, 0x99),
     }
 }

@@ -209,6 +209,17 @@ pub fn profile_text(m: &Manifest, s: &ProfileSummary) -> String {
     for line in figures(s) {
         let _ = writeln!(out, "{line}");
     }
+    if !s.devices.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nby device (the same estimator; transfers under their link):\n{}",
+            text_table(&DEVICE_HEADER, &DEVICE_ALIGN, &device_rows(s))
+        );
+        for line in split_lines(s) {
+            let _ = writeln!(out, "{line}");
+        }
+        let _ = writeln!(out);
+    }
     if let Some(l) = contents_line("other holds", &s.other) {
         let _ = writeln!(out, "{l}");
     }
@@ -232,6 +243,94 @@ pub fn profile_text(m: &Manifest, s: &ProfileSummary) -> String {
         let _ = writeln!(out, "  {} {}: {}", mark(c.status), c.name, c.detail);
     }
     out
+}
+
+const DEVICE_HEADER: [&str; 6] = [
+    "device",
+    "band",
+    "ms/token",
+    "range (cycles)",
+    "corrected",
+    "nodes",
+];
+const DEVICE_ALIGN: [Align; 6] = [
+    Align::Left,
+    Align::Left,
+    Align::Right,
+    Align::Right,
+    Align::Right,
+    Align::Right,
+];
+
+/// The (device, band) rows of a split profile.
+fn device_rows(s: &ProfileSummary) -> Vec<Vec<String>> {
+    s.devices
+        .iter()
+        .map(|d| {
+            vec![
+                d.device.clone(),
+                d.band.clone(),
+                format!("{:.4}", d.ms_per_token),
+                format!("{:.4}–{:.4}", d.ms_per_token_min, d.ms_per_token_max),
+                format!("{:.4}", d.ms_per_token_corrected),
+                d.nodes.to_string(),
+            ]
+        })
+        .collect()
+}
+
+/// One run of nodes on one device: its layers, nodes and the bytes copied into it.
+pub fn device_run_line(r: &opledger_core::split::DeviceRun) -> String {
+    let layers = match r.layers {
+        Some((a, b)) if a == b => format!("layer {a}"),
+        Some((a, b)) => format!("layers {a}-{b}"),
+        None => "no layer".into(),
+    };
+    if r.bytes_in > 0 {
+        format!(
+            "{} {layers} ({} nodes, {:.1} KiB in: {})",
+            r.device,
+            r.nodes,
+            r.bytes_in as f64 / 1024.0,
+            r.inputs.join(", ")
+        )
+    } else {
+        format!("{} {layers} ({} nodes)", r.device, r.nodes)
+    }
+}
+
+/// The census of splits, the network's share and the one-process comparison of a split
+/// profile.
+pub(crate) fn split_lines(s: &ProfileSummary) -> Vec<String> {
+    let mut lines = Vec::new();
+    let runs: Vec<String> = s.splits.iter().map(device_run_line).collect();
+    lines.push(format!("splits ({}): {}", s.splits.len(), runs.join(" | ")));
+    if let Some(n) = s.band("network") {
+        lines.push(format!(
+            "network: {:.4} ms/token ({:.1} % of the bands; corrected {:.4})",
+            n.ms_per_token,
+            n.share * 100.0,
+            n.ms_per_token_corrected
+        ));
+    }
+    lines.push(format!(
+        "agreement: raw {:+.1} %, remote round trips and local isolation removed {:+.1} %",
+        s.agreement * 100.0,
+        s.agreement_corrected * 100.0
+    ));
+    if let Some(one) = &s.one_process_fused_ms {
+        lines.push(format!(
+            "FUSED split {:.2} ms ({:.2}–{:.2}) vs one process {:.2} ms ({:.2}–{:.2}): {:.3}x",
+            s.fused_ms_spread.median,
+            s.fused_ms_spread.min,
+            s.fused_ms_spread.max,
+            one.median,
+            one.min,
+            one.max,
+            s.fused_ms_spread.median / one.median
+        ));
+    }
+    lines
 }
 
 /// The markdown rendering (a section of a report).

@@ -447,6 +447,7 @@ mod tests {
             skipped: false,
             op_code: None,
             op_params: Vec::new(),
+            device: None,
         }];
         let needs = vec![NodeNeed {
             token_dim: Some(1),

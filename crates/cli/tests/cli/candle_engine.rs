@@ -96,6 +96,7 @@ fn llama_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
             &ModelParams {
                 gpu_layers: 0,
                 no_repack: false,
+                rpc: None,
             },
         )
         .unwrap(),
@@ -111,6 +112,7 @@ fn llama_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
             n_ubatch: w.chunk_tokens,
             flash_attn: FlashAttn::Auto,
             instrumented: false,
+            split: false,
             n_seq_max: 1,
             kv_unified: false,
             type_k: None,

@@ -23,6 +23,7 @@ fn engine(path: &Path, flash_attn: FlashAttn, no_repack: bool) -> LlamaEngine {
         type_k: None,
         type_v: None,
         verbose: false,
+        rpc: None,
     })
     .unwrap()
 }

@@ -30,6 +30,7 @@ fn engine(path: &Path) -> LlamaEngine {
         type_k: None,
         type_v: None,
         verbose: false,
+        rpc: None,
     })
     .unwrap()
 }

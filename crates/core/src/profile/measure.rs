@@ -90,6 +90,8 @@ pub fn measure_with(
         gate,
         outputs_checked_finite: true,
         node_steps: Some(node_steps),
+        one_process_fused_ms: Vec::new(),
+        one_process_outputs: None,
     })
 }
 

@@ -91,6 +91,13 @@ pub struct ProfileRaw {
     /// it was recorded: every step of the run.
     #[serde(default)]
     pub node_steps: Option<u32>,
+    /// A split profile (RPC): FUSED walls of the same work on one process, every layer on this
+    /// machine's CPU, measured after the split cycles.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub one_process_fused_ms: Vec<f64>,
+    /// A split profile: its logits against the one-process run's, under the A/B tolerance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub one_process_outputs: Option<crate::ab::Correctness>,
 }
 
 impl ProfileRaw {
@@ -232,6 +239,18 @@ pub struct ProfileSummary {
     pub unassigned: Vec<NameRow>,
     pub audit: Vec<AuditFinding>,
     pub checks: Vec<Check>,
+    /// A graph split across devices (RPC): every (device, band) by the same estimator, the
+    /// transfers under their link in the `network` band. Empty on one device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<crate::split::DeviceBandRow>,
+    /// The census of splits: each contiguous run of nodes on one device, its layers and the
+    /// bytes copied into it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub splits: Vec<crate::split::DeviceRun>,
+    /// A split profile: the FUSED wall of the same chunk on one process (every layer on this
+    /// machine's CPU), measured right after the split runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub one_process_fused_ms: Option<Spread>,
 }
 
 #[derive(Debug, thiserror::Error)]

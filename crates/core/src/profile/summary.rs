@@ -51,6 +51,7 @@ pub fn summarise(
     };
     let other = name_rows(raw, assignments, &est, "other")?;
     let unassigned = name_rows(raw, assignments, &est, UNASSIGNED)?;
+    let (devices, splits, device_check) = split_figures(raw, assignments, &est);
     let identical = raw
         .output_hashes
         .values()
@@ -58,7 +59,7 @@ pub fn summarise(
         .collect::<std::collections::BTreeSet<_>>()
         .len()
         <= 1;
-    let checks = checks(
+    let mut checks = checks(
         raw,
         assignments,
         &Figures {
@@ -70,6 +71,21 @@ pub fn summarise(
             identical,
         },
     );
+    checks.extend(device_check);
+    if let Some(o) = &raw.one_process_outputs {
+        checks.push(super::Check {
+            name: "split outputs".into(),
+            status: if o.passed {
+                super::CheckStatus::Pass
+            } else {
+                super::CheckStatus::Fail
+            },
+            detail: format!(
+                "logits against one process: max relative error {:.2e}, cosine {:.6}, same top-1 in {} of {} rows",
+                o.max_rel_error, o.min_cosine, o.same_top1, o.rows
+            ),
+        });
+    }
 
     Ok(ProfileSummary {
         schema_version: PROFILE_SCHEMA_VERSION,
@@ -113,7 +129,55 @@ pub fn summarise(
         unassigned,
         audit,
         checks,
+        devices,
+        splits,
+        one_process_fused_ms: if raw.one_process_fused_ms.is_empty() {
+            None
+        } else {
+            Some(sample(&raw.one_process_fused_ms, "one-process FUSED walls")?.spread())
+        },
     })
+}
+
+/// A graph split across devices: the bands per device, the census of splits, and the check that
+/// every node was attributed to a device (nothing for a graph on one device).
+fn split_figures(
+    raw: &ProfileRaw,
+    assignments: &[Assignment],
+    est: &Estimator<'_>,
+) -> (
+    Vec<crate::split::DeviceBandRow>,
+    Vec<crate::split::DeviceRun>,
+    Option<super::Check>,
+) {
+    let attributed = raw.graph.iter().filter(|n| n.device.is_some()).count();
+    if attributed == 0 {
+        return (Vec::new(), Vec::new(), None);
+    }
+    let bands: Vec<String> = assignments.iter().map(|a| a.band.clone()).collect();
+    let devices = crate::split::device_bands(
+        &raw.graph,
+        &bands,
+        &est.raw,
+        &est.corrected,
+        &est.fused_walls,
+        est.tok,
+    );
+    let splits = crate::split::device_runs(&raw.graph);
+    let n = raw.graph.len();
+    let check = super::Check {
+        name: "devices".into(),
+        status: if attributed == n {
+            super::CheckStatus::Pass
+        } else {
+            super::CheckStatus::Fail
+        },
+        detail: format!(
+            "{attributed} of {n} nodes attributed to a device; {} device runs",
+            splits.len()
+        ),
+    };
+    (devices, splits, Some(check))
 }
 
 /// Refuses a profile without cycles, with assignments of another graph, or with a cycle that

@@ -411,6 +411,8 @@ fn a_band_point_lies_within_its_range() {
         gate: Default::default(),
         outputs_checked_finite: true,
         node_steps: None,
+        one_process_fused_ms: Vec::new(),
+        one_process_outputs: None,
     };
     let rules = BandRules::builtin("qwen35moe").unwrap();
     let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
@@ -481,6 +483,8 @@ fn a_decode_remainder_is_taken_from_every_working_node_not_by_share() {
         gate: Default::default(),
         outputs_checked_finite: true,
         node_steps: Some(4),
+        one_process_fused_ms: Vec::new(),
+        one_process_outputs: None,
     };
     let rules = BandRules::builtin("qwen35moe").unwrap();
     let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();

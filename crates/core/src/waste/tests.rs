@@ -69,6 +69,7 @@ impl G {
             skipped: false,
             op_code: None,
             op_params: Vec::new(),
+            device: None,
         });
         index
     }
@@ -483,6 +484,8 @@ fn raw_of(graph: Vec<NodeInfo>, times: &[&[f64]], fused_ms: f64) -> ProfileRaw {
         gate: Default::default(),
         outputs_checked_finite: true,
         node_steps: Some(1),
+        one_process_fused_ms: Vec::new(),
+        one_process_outputs: None,
     }
 }
 

@@ -1,0 +1,185 @@
+//! llama.cpp's RPC backend from the application's side: serving this machine's CPU to a client
+//! elsewhere, and what a run over remote devices does when one of them fails mid-run.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+/// Serves this machine's CPU as a remote device on `host:port` with `threads` threads (ggml's own
+/// RPC server: one client at a time). Returns only when the server cannot start or stops.
+#[cfg(feature = "llama")]
+pub fn serve(host: &str, port: u16, threads: u32) -> Result<()> {
+    let backend = opledger_llama::Backend::init(false);
+    Ok(opledger_llama::rpc::serve(
+        &backend,
+        &format!("{host}:{port}"),
+        threads,
+    )?)
+}
+
+#[cfg(not(feature = "llama"))]
+pub fn serve(_host: &str, _port: u16, _threads: u32) -> Result<()> {
+    anyhow::bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
+}
+
+/// From now on, a remote device that fails (ggml's RPC client aborts on a closed connection or
+/// a malformed answer; the watchdog on a server that stops answering) ends the process with
+/// exit status [`crate::outcome::REMOTE_FAILED`] and the reason on stderr, and writes the
+/// reason into `folder`'s INCOMPLETE marker: the run folder stays marked incomplete.
+#[cfg(feature = "llama")]
+pub fn stop_on_remote_failure(folder: Option<PathBuf>) {
+    let hook = move |why: &str| {
+        eprintln!("error: {why}");
+        if let Some(f) = &folder {
+            let marker = f.join(opledger_core::run_folder::INCOMPLETE_MARKER);
+            let _ = std::fs::write(&marker, format!("this run was stopped: {why}\n"));
+            eprintln!(
+                "the run folder {} is left incomplete (INCOMPLETE says why)",
+                f.display()
+            );
+        }
+    };
+    opledger_llama::rpc::on_abort(std::sync::Arc::new(hook), crate::outcome::REMOTE_FAILED);
+}
+
+#[cfg(not(feature = "llama"))]
+pub fn stop_on_remote_failure(_folder: Option<PathBuf>) {}
+
+/// The processes serving `servers` on this machine (loopback endpoints; a server elsewhere has
+/// no process here).
+pub fn local_server_pids(servers: &[String]) -> Vec<u32> {
+    servers
+        .iter()
+        .filter_map(|e| {
+            let (host, port) = e.rsplit_once(':')?;
+            let loopback = host.eq_ignore_ascii_case("localhost")
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+            loopback.then(|| port.parse::<u16>().ok()).flatten()
+        })
+        .flat_map(opledger_core::system::listening_pids)
+        .filter(|&p| p != std::process::id())
+        .collect()
+}
+
+/// A simulated link: one-way delay and a rate, applied to each direction of a TCP connection.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Link {
+    pub delay: std::time::Duration,
+    /// Bytes per second (`None`: as fast as the machine copies).
+    pub rate: Option<f64>,
+}
+
+impl Link {
+    /// When a chunk of `len` bytes that arrived at `arrived` is delivered, and when the link is
+    /// free again: it waits for the link (a chunk queued behind earlier ones), takes `len / rate`
+    /// to send, and arrives `delay` after its last byte left.
+    pub fn schedule(
+        &self,
+        arrived: std::time::Instant,
+        len: usize,
+        link_free: std::time::Instant,
+    ) -> (std::time::Instant, std::time::Instant) {
+        let start = arrived.max(link_free);
+        let sending = self
+            .rate
+            .map(|r| std::time::Duration::from_secs_f64(len as f64 / r))
+            .unwrap_or_default();
+        let free = start + sending;
+        (free + self.delay, free)
+    }
+}
+
+/// Relays every connection to `listen` on to `to` through a simulated [`Link`] in each
+/// direction (a slow network between this machine and an RPC server, without a kernel qdisc).
+/// Serves until the listener fails; `ready` is called once it listens.
+pub fn relay(listen: &str, to: &str, link: Link, ready: &mut dyn FnMut(&str)) -> Result<()> {
+    use anyhow::Context as _;
+    let listener = std::net::TcpListener::bind(listen)
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    ready(&listener.local_addr()?.to_string());
+    for conn in listener.incoming() {
+        let Ok(client) = conn else { continue };
+        let Ok(server) = std::net::TcpStream::connect(to) else {
+            // the client sees its connection closed, as with the server gone
+            continue;
+        };
+        for s in [&client, &server] {
+            let _ = s.set_nodelay(true);
+        }
+        let (c2, s2) = (client.try_clone()?, server.try_clone()?);
+        std::thread::spawn(move || pump(client, server, link));
+        std::thread::spawn(move || pump(s2, c2, link));
+    }
+    Ok(())
+}
+
+/// One direction of a relayed connection: a reader stamps each chunk as it arrives, a writer
+/// delivers it when the link schedule says.
+fn pump(mut from: std::net::TcpStream, mut to: std::net::TcpStream, link: Link) {
+    use std::io::{Read, Write};
+    let (tx, rx) = std::sync::mpsc::channel::<(std::time::Instant, Vec<u8>)>();
+    let writer = std::thread::spawn(move || {
+        let mut free = std::time::Instant::now();
+        for (arrived, data) in rx {
+            let (deliver, next_free) = link.schedule(arrived, data.len(), free);
+            free = next_free;
+            let now = std::time::Instant::now();
+            if deliver > now {
+                std::thread::sleep(deliver - now);
+            }
+            if to.write_all(&data).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(std::net::Shutdown::Both);
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if tx
+                    .send((std::time::Instant::now(), buf[..n].to_vec()))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+    }
+    drop(tx);
+    let _ = writer.join();
+    let _ = from.shutdown(std::net::Shutdown::Both);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_link_queues_sends_at_its_rate_and_delivers_after_its_delay() {
+        let link = Link {
+            delay: Duration::from_millis(1),
+            rate: Some(1e6), // 1 MB/s: 1000 bytes take 1 ms
+        };
+        let t0 = Instant::now();
+        // an idle link: 1 ms to send, 1 ms to arrive
+        let (deliver, free) = link.schedule(t0, 1000, t0);
+        assert_eq!(free - t0, Duration::from_millis(1));
+        assert_eq!(deliver - t0, Duration::from_millis(2));
+        // a second chunk arriving at once waits for the first to leave
+        let (deliver2, free2) = link.schedule(t0, 1000, free);
+        assert_eq!(free2 - t0, Duration::from_millis(2));
+        assert_eq!(deliver2 - t0, Duration::from_millis(3));
+        // without a rate, only the delay
+        let fast = Link {
+            delay: Duration::from_millis(5),
+            rate: None,
+        };
+        let (d, f) = fast.schedule(t0, 1 << 20, t0);
+        assert_eq!((d - t0, f - t0), (Duration::from_millis(5), Duration::ZERO));
+    }
+}
