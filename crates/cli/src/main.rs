@@ -43,6 +43,10 @@ enum Command {
     Report(opledger::cmd::report::ReportArgs),
     /// Find the rows a graph computes that no output reads, and the time spent on them.
     Waste(opledger::cmd::waste::WasteArgs),
+    /// Serve this machine's CPU as a remote device of llama.cpp's RPC backend (for `--rpc`).
+    RpcServer(opledger::cmd::rpc_server::RpcServerArgs),
+    /// Relay connections to an RPC server through a simulated slow link (delay, rate).
+    RpcLink(opledger::cmd::rpc_link::RpcLinkArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +64,8 @@ fn main() -> ExitCode {
         Command::Import(a) => opledger::cmd::import::run(a),
         Command::Report(a) => opledger::cmd::report::run(a),
         Command::Waste(a) => opledger::cmd::waste::run(a),
+        Command::RpcServer(a) => opledger::cmd::rpc_server::run(a),
+        Command::RpcLink(a) => opledger::cmd::rpc_link::run(a),
     };
     match result {
         Ok(code) => code,

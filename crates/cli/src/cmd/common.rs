@@ -33,6 +33,35 @@ pub struct ModelArgs {
     pub verbose: bool,
 }
 
+/// A model split across this machine's CPU and llama.cpp RPC servers (`profile`, `graph`,
+/// `sweep`).
+#[derive(Args, Clone, Debug, Default)]
+pub struct RpcArgs {
+    /// Split the model's layers across this machine's CPU and these RPC servers (`opledger
+    /// rpc-server`), HOST:PORT each, comma-separated, in the order they take layers.
+    #[arg(long, value_delimiter = ',', value_parser = super::flags::endpoint)]
+    pub rpc: Vec<String>,
+    /// Layers per device: this machine's CPU first, then each server's, comma-separated; at
+    /// least one each, summing to the model's layers (default: as even as possible). The output
+    /// layer goes with the last server, as llama.cpp places it.
+    #[arg(long, value_delimiter = ',', requires = "rpc", value_parser = super::flags::at_least_one)]
+    pub rpc_split: Option<Vec<u32>>,
+    /// Seconds a server may take to answer the pre-flight, and one decode may go without a node
+    /// finishing, before the run is stopped (exit 7, the run folder left incomplete).
+    #[arg(long, default_value_t = 60.0, value_parser = super::flags::seconds)]
+    pub rpc_timeout: f64,
+}
+
+impl RpcArgs {
+    pub fn settings(&self) -> Option<opledger_app::engines::RpcSettings> {
+        (!self.rpc.is_empty()).then(|| opledger_app::engines::RpcSettings {
+            servers: self.rpc.clone(),
+            layers: self.rpc_split.clone(),
+            timeout: std::time::Duration::from_secs_f64(self.rpc_timeout),
+        })
+    }
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlashAttnArg {
     Auto,

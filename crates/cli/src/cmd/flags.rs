@@ -91,6 +91,31 @@ pub fn percent(s: &str) -> Result<f64, String> {
     Ok(v / 100.0)
 }
 
+/// `--rpc`: HOST:PORT as ggml's RPC client parses it (one colon, a port in 1..=65535).
+pub fn endpoint(s: &str) -> Result<String, String> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("'{s}' is not HOST:PORT"))?;
+    if host.is_empty() || host.contains(':') {
+        return Err(format!(
+            "'{s}' is not HOST:PORT (an IPv4 address or a name; ggml's RPC client takes no IPv6)"
+        ));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(s.to_string()),
+        _ => Err(format!("'{port}' is not a port in 1..=65535")),
+    }
+}
+
+/// `--rpc-timeout`: seconds, more than 0 and at most a day.
+pub fn seconds(s: &str) -> Result<f64, String> {
+    let v = finite(s)?;
+    if v <= 0.0 || v > 86_400.0 {
+        return Err(format!("{v} is not a number of seconds in (0, 86400]"));
+    }
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,12 +12,14 @@ use opledger_app::engines::{open_engine, EngineKind};
 use opledger_core::engine::Work;
 use opledger_core::run_folder::RunFolder;
 
-use super::common::{EngineArg, ModelArgs, Term};
+use super::common::{EngineArg, ModelArgs, RpcArgs, Term};
 
 #[derive(Args)]
 pub struct GraphArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    rpc: RpcArgs,
     /// The engine whose graph to count (one that can capture its graph).
     #[arg(long, value_enum, default_value_t = EngineArg::LlamaCpp)]
     engine: EngineArg,
@@ -64,8 +66,12 @@ pub fn run(args: GraphArgs) -> Result<ExitCode> {
     // No weight repacking: the file stays memory-mapped and only touched pages are read.
     let settings = opledger_app::engines::EngineSettings {
         no_repack: true,
+        rpc: args.rpc.settings(),
         ..args.model.settings()
     };
+    if settings.rpc.is_some() {
+        opledger_app::rpc::stop_on_remote_failure(folder.as_ref().map(|f| f.path().to_path_buf()));
+    }
     let mut engine = open_engine(kind, &file, &settings)?;
     let engine_name = engine.info().engine;
     let g = {
@@ -122,6 +128,13 @@ pub fn run(args: GraphArgs) -> Result<ExitCode> {
             "{}",
             opledger_report::census::census_text(&g.census, args.shapes)
         );
+        let runs = opledger_core::split::device_runs(graph);
+        if !runs.is_empty() {
+            println!("\nsplits ({}):", runs.len());
+            for r in &runs {
+                println!("  {}", opledger_report::profile::device_run_line(r));
+            }
+        }
     }
     Ok(super::common::exit(g.exit()))
 }

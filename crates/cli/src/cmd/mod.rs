@@ -9,6 +9,8 @@ pub mod ledger;
 pub mod ops;
 pub mod profile;
 pub mod report;
+pub mod rpc_link;
+pub mod rpc_server;
 pub mod sweep;
 pub mod synth;
 pub mod waste;

@@ -13,12 +13,14 @@ use opledger_core::engine::Work;
 use opledger_core::profile::ProfileSummary;
 use opledger_core::run_folder::RunFolder;
 
-use super::common::{EngineArg, ModelArgs, Term};
+use super::common::{EngineArg, ModelArgs, RpcArgs, Term};
 
 #[derive(Args)]
 pub struct ProfileArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub rpc: RpcArgs,
     /// The engine to measure.
     #[arg(long, value_enum, default_value_t = EngineArg::LlamaCpp)]
     pub engine: EngineArg,
@@ -101,11 +103,41 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
     // Create the folder first: a taken name fails before minutes of measuring.
     let out = opledger_app::manifest::run_path(args.output.as_deref(), "profile", file.path());
     let folder = RunFolder::create(&out)?;
-    let mut engine = open_engine(kind, &file, &args.model.settings())?;
-    let profiles = {
+    let settings = opledger_app::engines::EngineSettings {
+        rpc: args.rpc.settings(),
+        ..args.model.settings()
+    };
+    if settings.rpc.is_some() {
+        if args.decode > 0 {
+            bail!("--rpc profiles a prefill chunk; decode over remote devices (-n) is not supported yet");
+        }
+        opledger_app::rpc::stop_on_remote_failure(Some(folder.path().to_path_buf()));
+    }
+    let mut engine = open_engine(kind, &file, &settings)?;
+    let mut profiles = {
         let mut ui = Term::new(args.quiet || args.json);
         opledger_app::profile::run(engine.as_mut(), &file, &bands, &req, &mut ui)?
     };
+    if settings.rpc.is_some() {
+        // the same work on one process, right after: FUSED walls and the logits
+        let split_logits = engine.logits()?;
+        drop(engine);
+        let mut ui = Term::new(args.quiet || args.json);
+        let (walls, outputs) = opledger_app::profile::one_process(
+            &file,
+            &settings,
+            &req.work,
+            req.cycles,
+            req.warmup,
+            &split_logits,
+            &mut ui,
+        )?;
+        for p in &mut profiles {
+            p.raw.one_process_fused_ms = walls.clone();
+            p.raw.one_process_outputs = Some(outputs.clone());
+            p.summary = opledger_app::profile::summarise(&p.manifest, &p.raw)?;
+        }
+    }
     opledger_app::runs::write_profiles(&folder, &profiles)?;
     let path = folder.finish()?;
     let summaries: Vec<&ProfileSummary> = profiles.iter().map(|p| &p.summary).collect();

@@ -13,12 +13,14 @@ use opledger_app::sweep::Sweep;
 use opledger_core::engine::Work;
 use opledger_core::sweep::{DecodeSteps, SweepConfig};
 
-use super::common::{EngineArg, ModelArgs, Term};
+use super::common::{EngineArg, ModelArgs, RpcArgs, Term};
 
 #[derive(Args)]
 pub struct SweepArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub rpc: RpcArgs,
     /// The engine to measure (one that offers the sweep).
     #[arg(long, value_enum, default_value_t = EngineArg::LlamaCpp)]
     pub engine: EngineArg,
@@ -66,6 +68,7 @@ pub struct SweepArgs {
 pub fn run(args: SweepArgs) -> Result<ExitCode> {
     let kind = EngineKind::from(args.engine);
     let mut settings = args.model.settings();
+    settings.rpc = args.rpc.settings();
     let (sweep, file) = match &args.resume {
         Some(dir) => {
             let sweep = Sweep::reopen(dir)?;
@@ -123,6 +126,14 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
     };
     if args.resume.is_some() {
         super::common::print_notes(&file);
+    }
+    if settings.rpc.is_some() {
+        if args.decode > 0 {
+            bail!(
+                "--rpc sweeps prefill chunks; decode over remote devices (-n) is not supported yet"
+            );
+        }
+        opledger_app::rpc::stop_on_remote_failure(Some(sweep.path().to_path_buf()));
     }
     let mut engine = open_engine(kind, &file, &settings)?;
     let (path, manifest, summary) = {

@@ -94,6 +94,7 @@ mod llama_profile;
 mod ops;
 mod published;
 mod report;
+mod rpc;
 mod soundness;
 mod sweep;
 mod waste;
