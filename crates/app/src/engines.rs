@@ -258,18 +258,19 @@ pub fn load_llama(model: &ModelFile, s: &EngineSettings) -> Result<opledger_llam
             None => None,
         },
     };
-    if let Some(r) = &s.rpc {
-        // servers on this machine compute part of the measured graph: the noise gate counts
-        // their CPU time as this run's own
-        opledger_core::noise::count_as_own(&crate::rpc::local_server_pids(&r.servers));
-    }
     let what = if knobs.0.is_empty() {
         String::new()
     } else {
         format!(" with {knobs}")
     };
-    LlamaEngine::load(cfg)
-        .with_context(|| format!("loading model '{}'{what}", model.path().display()))
+    let engine = LlamaEngine::load(cfg)
+        .with_context(|| format!("loading model '{}'{what}", model.path().display()))?;
+    if let Some(r) = &s.rpc {
+        // servers on this machine (and behind a relay on it) compute part of the measured
+        // graph: the noise gate counts their CPU time as this run's own
+        opledger_core::noise::count_as_own(&crate::rpc::local_server_pids(&r.servers));
+    }
+    Ok(engine)
 }
 
 #[cfg(feature = "candle")]

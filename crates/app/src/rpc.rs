@@ -46,9 +46,11 @@ pub fn stop_on_remote_failure(folder: Option<PathBuf>) {
 pub fn stop_on_remote_failure(_folder: Option<PathBuf>) {}
 
 /// The processes serving `servers` on this machine (loopback endpoints; a server elsewhere has
-/// no process here).
+/// no process here), and the servers a relay among them is connected to (`rpc-link`): call it
+/// once the connections are up.
 pub fn local_server_pids(servers: &[String]) -> Vec<u32> {
-    servers
+    let me = std::process::id();
+    let mut pids: Vec<u32> = servers
         .iter()
         .filter_map(|e| {
             let (host, port) = e.rsplit_once(':')?;
@@ -59,8 +61,24 @@ pub fn local_server_pids(servers: &[String]) -> Vec<u32> {
             loopback.then(|| port.parse::<u16>().ok()).flatten()
         })
         .flat_map(opledger_core::system::listening_pids)
-        .filter(|&p| p != std::process::id())
-        .collect()
+        .filter(|&p| p != me)
+        .collect();
+    let tables: String = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(t).ok())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut behind = Vec::new();
+    for &pid in &pids {
+        let inodes = opledger_core::system::socket_inodes(pid);
+        for port in opledger_core::system::loopback_peer_ports(&tables, &inodes) {
+            behind.extend(opledger_core::system::listening_pids(port));
+        }
+    }
+    pids.extend(behind.into_iter().filter(|&p| p != me));
+    pids.sort_unstable();
+    pids.dedup();
+    pids
 }
 
 /// A simulated link: one-way delay and a rate, applied to each direction of a TCP connection.

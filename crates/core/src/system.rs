@@ -128,6 +128,42 @@ pub fn listening_inodes(table: &str, port: u16) -> Vec<u64> {
         .collect()
 }
 
+/// The loopback ports a table's established connections of these socket inodes lead to.
+pub fn loopback_peer_ports(table: &str, inodes: &[u64]) -> Vec<u16> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (addr, port) = f.get(2)?.rsplit_once(':')?;
+            let established = *f.get(3)? == "01";
+            let inode: u64 = f.get(9)?.parse().ok()?;
+            // 127.0.0.0/8 in /proc's little-endian hex: the last byte of the first word is 7F
+            let loopback = addr.len() == 8 && addr.ends_with("7F");
+            (established && loopback && inodes.contains(&inode))
+                .then(|| u16::from_str_radix(port, 16).ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// The socket inodes a process holds (its /proc/<pid>/fd links `socket:[N]`).
+pub fn socket_inodes(pid: u32) -> Vec<u64> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.flatten()
+        .filter_map(|fd| {
+            let l = std::fs::read_link(fd.path()).ok()?;
+            l.to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
 /// The processes of this machine listening on TCP `port` (through /proc; empty where it is
 /// not there or the sockets belong to processes this one cannot inspect).
 pub fn listening_pids(port: u16) -> Vec<u32> {
@@ -191,5 +227,9 @@ mod tests {
         assert_eq!(listening_inodes(table, 50062), vec![22917]);
         assert_eq!(listening_inodes(table, 2024), vec![1677]);
         assert!(listening_inodes(table, 44750).is_empty());
+        // the connection from port 44750 (0xAECE) leads to 50062; a listening socket leads nowhere
+        assert_eq!(loopback_peer_ports(table, &[555]), vec![50062]);
+        assert!(loopback_peer_ports(table, &[22917]).is_empty());
+        assert!(loopback_peer_ports(table, &[9]).is_empty());
     }
 }
