@@ -7,6 +7,10 @@ use std::sync::{Mutex, OnceLock};
 
 use llama_cpp_sys_2 as sys;
 
+/// The version of the vendored llama.cpp, as far as it can be known: the bindings crate carries
+/// no git metadata, so its own version names the source.
+pub const LLAMA_CPP_SYS_VERSION: &str = "llama-cpp-sys-2 0.1.161";
+
 /// Lines of llama.cpp's log kept for error messages.
 const LOG_LINES_KEPT: usize = 64;
 

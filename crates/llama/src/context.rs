@@ -103,6 +103,8 @@ pub struct Context {
     /// When the last `llama_decode` returned (its outputs read back), for the time a split
     /// graph's outputs take to come back from a remote device.
     pub(crate) decoded_at: Option<std::time::Instant>,
+    /// The model is split across devices: calls that reach remote devices are watched.
+    split: bool,
 }
 
 impl std::fmt::Debug for Context {
@@ -193,6 +195,7 @@ impl Context {
             n_ctx,
             n_batch: params.n_batch,
             decoded_at: None,
+            split: params.split,
         })
     }
 
@@ -300,14 +303,14 @@ impl Context {
     fn decode_entries(&mut self, entries: &[BatchEntry]) -> Result<(), LlamaError> {
         let batch = Batch::new(entries)?;
         // a decode over remote devices is watched (rpc.rs): one that stops moving ends the run
-        crate::rpc::arm(true);
+        let watched = crate::rpc::Watched::new(self.split);
         // SAFETY: ptr is a valid context; batch's arrays hold batch.raw.n_tokens entries and
         // stay alive until after the call; llama_decode does not keep them.
         let code = unsafe { sys::llama_decode(self.ptr.as_ptr(), batch.raw) };
         // SAFETY: ptr is a valid context.
         unsafe { sys::llama_synchronize(self.ptr.as_ptr()) };
         self.decoded_at = Some(std::time::Instant::now());
-        crate::rpc::arm(false);
+        drop(watched);
         if let Some(obs) = self.observer {
             // SAFETY: decode returned; we hold &mut self, so no one else touches the Observer.
             if let Some(msg) = unsafe { (*obs.as_ptr()).panic.take() } {
@@ -365,6 +368,7 @@ impl Context {
 
     /// The whole context state (every sequence) as bytes.
     pub fn save_full_state(&mut self) -> Result<Vec<u8>, LlamaError> {
+        let _watched = crate::rpc::Watched::new(self.split);
         // SAFETY: ptr is a valid context; the buffer has exactly the size llama.cpp asked for.
         unsafe {
             let size = sys::llama_state_get_size(self.ptr.as_ptr());
@@ -382,6 +386,7 @@ impl Context {
     /// Replaces the whole context state by one saved with [`Context::save_full_state`] from a
     /// context of the same model and parameters.
     pub fn restore_full_state(&mut self, state: &[u8]) -> Result<(), LlamaError> {
+        let _watched = crate::rpc::Watched::new(self.split);
         self.clear_memory();
         if state.is_empty() {
             return Ok(());
@@ -397,6 +402,7 @@ impl Context {
 
     /// The state of sequence 0 (KV cache and recurrent state) as bytes.
     pub fn save_state(&mut self) -> Result<Vec<u8>, LlamaError> {
+        let _watched = crate::rpc::Watched::new(self.split);
         // SAFETY: ptr is a valid context; the buffer has exactly the size llama.cpp asked for.
         unsafe {
             let size = sys::llama_state_seq_get_size(self.ptr.as_ptr(), 0);
@@ -415,6 +421,7 @@ impl Context {
     /// Replaces sequence 0's state by one saved with [`Context::save_state`] (from this context
     /// or another one of the same model and size).
     pub fn restore_state(&mut self, state: &[u8]) -> Result<(), LlamaError> {
+        let _watched = crate::rpc::Watched::new(self.split);
         self.clear_memory();
         if state.is_empty() {
             return Ok(());

@@ -13,15 +13,11 @@ use opledger_core::node::NodeInfo;
 use opledger_core::split::Slot;
 use opledger_core::tokens::{filler_tokens, hash_f32};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, LLAMA_CPP_SYS_VERSION};
 use crate::context::{Context, ContextParams, FlashAttn, KvType, ThreadPool};
 use crate::error::LlamaError;
 use crate::model::{Model, ModelParams};
 use crate::observer::ObserveMode;
-
-/// The version of the vendored llama.cpp, as far as it can be known: the bindings crate carries
-/// no git metadata, so its own version names the source.
-pub const LLAMA_CPP_SYS_VERSION: &str = "llama-cpp-sys-2 0.1.161";
 
 /// How to set up the llama.cpp engine.
 #[derive(Debug, Clone)]
@@ -1246,19 +1242,20 @@ fn calibrate(
     };
     let mut per_node_us = c.per_node_us;
     if let Some(g) = graph.filter(|g| g.split()) {
+        if remote_iso_us.len() != g.slots.len() {
+            return Err(EngineError::Failed(
+                "the isolation of a split graph's remote nodes comes from a TIMED run of it, and none ran yet".into(),
+            ));
+        }
         let local = |i: usize| each_node_us.get(i).copied().unwrap_or(c.per_node_us);
         let split: Vec<f64> = g
             .slots
             .iter()
             .enumerate()
             .map(|(pos, s)| match *s {
-                Slot::Node(i) if g.remote.get(i).is_some_and(|r| r.is_some()) => {
-                    remote_iso_us.get(pos).copied().unwrap_or(0.0)
-                }
+                Slot::Node(i) if g.remote.get(i).is_some_and(|r| r.is_some()) => remote_iso_us[pos],
                 Slot::Node(i) => local(i),
-                Slot::TransferBefore(_) | Slot::Output => {
-                    remote_iso_us.get(pos).copied().unwrap_or(0.0)
-                }
+                Slot::TransferBefore(_) | Slot::Output => remote_iso_us[pos],
             })
             .collect();
         let working: Vec<f64> = g

@@ -15,8 +15,8 @@ pub mod replay;
 pub mod rpc;
 pub mod threadpool;
 
-pub use backend::Backend;
+pub use backend::{Backend, LLAMA_CPP_SYS_VERSION};
 pub use context::{Context, ContextParams, FlashAttn, KvType, ThreadPool};
-pub use engine::{LlamaConfig, LlamaEngine, LLAMA_CPP_SYS_VERSION};
+pub use engine::{LlamaConfig, LlamaEngine};
 pub use error::LlamaError;
 pub use model::{Model, ModelParams};

@@ -66,17 +66,30 @@ impl Model {
                 .map(|d| d.0)
                 .collect();
             devices.push(std::ptr::null_mut());
+            // llama.cpp reads llama_max_devices() proportions (llama.h), whatever the devices
+            // SAFETY: no preconditions; returns a constant.
+            let max = unsafe { sys::llama_max_devices() };
+            if s.len() > max {
+                return Err(LlamaError::Invalid(format!(
+                    "{} servers, but this llama.cpp splits over at most {max} devices",
+                    s.len()
+                )));
+            }
             split = s;
+            split.resize(max, 0.0);
             p.devices = devices.as_mut_ptr();
             p.n_gpu_layers = gpu_layers;
             p.split_mode = sys::LLAMA_SPLIT_MODE_LAYER;
             p.tensor_split = split.as_ptr();
+            // loading uploads the weights to the servers: watched, progress marked as it goes
+            p.progress_callback = Some(load_progress);
         }
+        let watched = crate::rpc::Watched::new(params.rpc.is_some());
         // SAFETY: c_path is a valid NUL-terminated string that outlives the call; p is a valid
         // params struct obtained from llama.cpp's defaults; the backend token proves
-        // llama_backend_init ran.
+        // llama_backend_init ran; devices and split outlive the call.
         let raw = unsafe { sys::llama_model_load_from_file(c_path.as_ptr(), p) };
-        drop((devices, split));
+        drop((watched, devices, split));
         let ptr = NonNull::new(raw).ok_or_else(|| LlamaError::Load {
             path: path.to_path_buf(),
             why: format!("llama.cpp refused the model ({})", log_tail(3)),
@@ -86,11 +99,14 @@ impl Model {
             path: path.to_path_buf(),
         };
         if let Some(r) = &params.rpc {
+            // llama.cpp places every block, the next-token-prediction ones (nextn) included
+            // SAFETY: ptr is the model just loaded.
+            let all = model.n_layer()
+                + unsafe { sys::llama_model_n_layer_nextn(ptr.as_ptr()) }.max(0) as u32;
             let asked: u32 = r.layers.iter().sum();
-            if asked != model.n_layer() {
+            if asked != all {
                 return Err(LlamaError::Invalid(format!(
-                    "the split places {asked} layers, the model has {}",
-                    model.n_layer()
+                    "the split places {asked} layers, the model has {all}"
                 )));
             }
         }
@@ -143,6 +159,12 @@ impl Drop for Model {
         // Context holds an Arc<Model>, so none outlives it.
         unsafe { sys::llama_model_free(self.ptr.as_ptr()) }
     }
+}
+
+/// llama.cpp's load progress: marks progress for the watchdog of a split model, and goes on.
+unsafe extern "C" fn load_progress(_progress: f32, _: *mut std::ffi::c_void) -> bool {
+    crate::rpc::tick();
+    true
 }
 
 /// A NUL-terminated C char buffer as a String (lossy), never reading past the buffer.

@@ -180,7 +180,7 @@ impl Observer {
                     // the first node of a split on a remote device: its inputs were sent
                     // without waiting (ggml's set_tensor is one-way); wait for them to land, so
                     // the transfer is timed as the gap and not inside the node
-                    let device = crate::rpc::buffer_type(t);
+                    let device = crate::rpc::device_id(t);
                     if device != self.last_device && crate::rpc::is_remote(t) {
                         crate::rpc::fence(t);
                     }

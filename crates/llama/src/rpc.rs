@@ -116,9 +116,12 @@ pub fn preflight(endpoint: &str, timeout: Duration) -> Result<ServerInfo, LlamaE
         .to_socket_addrs()
         .map_err(|e| err(format!("cannot resolve {host}: {e}")))?
         .collect();
-    let addr = addrs
-        .first()
-        .ok_or_else(|| err(format!("{host} resolves to no address")))?;
+    // ggml's client connects over IPv4 only (gethostbyname, AF_INET): the first IPv4 address
+    let addr = addrs.iter().find(|a| a.is_ipv4()).ok_or_else(|| {
+        err(format!(
+            "{host} resolves to no IPv4 address (ggml's RPC client connects over IPv4 only)"
+        ))
+    })?;
     let mut s = TcpStream::connect_timeout(addr, timeout).map_err(|e| {
         err(match e.kind() {
             std::io::ErrorKind::ConnectionRefused => {
@@ -166,7 +169,7 @@ pub fn preflight(endpoint: &str, timeout: Duration) -> Result<ServerInfo, LlamaE
         return Err(err(format!(
             "speaks RPC protocol {}.{}.{}, this opledger's llama.cpp speaks {}.{}.{} ({}): run `opledger rpc-server` of the same build there",
             version.0, version.1, version.2, PROTOCOL.0, PROTOCOL.1, PROTOCOL.2,
-            crate::engine::LLAMA_CPP_SYS_VERSION
+            crate::backend::LLAMA_CPP_SYS_VERSION
         )));
     }
     if size as usize != 4 + CONN_CAPS {
@@ -323,33 +326,61 @@ pub fn serve(backend: &Backend, endpoint: &str, threads: u32) -> Result<(), Llam
     })
 }
 
-/// The name of the device a tensor's memory lives on: its buffer's name (`CPU`,
-/// `RPC0[127.0.0.1:50052]`, `CUDA0`; the buffer of the tensor it views when it has none).
-pub(crate) fn buffer_device(t: &sys::ggml_tensor) -> Option<String> {
-    let mut buf = t.buffer;
-    if buf.is_null() && !t.view_src.is_null() {
+/// The buffer holding a tensor's memory (the buffer of the tensor it views when it has none;
+/// null when neither has one).
+fn buffer_of(t: &sys::ggml_tensor) -> sys::ggml_backend_buffer_t {
+    if t.buffer.is_null() && !t.view_src.is_null() {
         // SAFETY: a non-null view source of a live tensor is a live tensor.
-        buf = unsafe { (*t.view_src).buffer };
+        unsafe { (*t.view_src).buffer }
+    } else {
+        t.buffer
     }
-    if buf.is_null() {
-        return None;
-    }
-    // SAFETY: a live buffer; its name is a NUL-terminated string it owns.
-    let p = unsafe { sys::ggml_backend_buffer_name(buf) };
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: see above.
-    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
-/// The buffer type of a tensor's memory as an address (one per device; 0 without a buffer).
-pub(crate) fn buffer_type(t: &sys::ggml_tensor) -> usize {
-    let mut buf = t.buffer;
-    if buf.is_null() && !t.view_src.is_null() {
-        // SAFETY: a non-null view source of a live tensor is a live tensor.
-        buf = unsafe { (*t.view_src).buffer };
+/// The device a tensor's memory lives on (null without a buffer or when its buffer type names
+/// no device).
+fn device_of(t: &sys::ggml_tensor) -> sys::ggml_backend_dev_t {
+    let buf = buffer_of(t);
+    if buf.is_null() {
+        return std::ptr::null_mut();
     }
+    // SAFETY: a live buffer has a buffer type; the call reads its device pointer.
+    unsafe { sys::ggml_backend_buft_get_device(sys::ggml_backend_buffer_get_type(buf)) }
+}
+
+/// The device a tensor's memory lives on, by name: the device of its buffer's type (`CPU` for
+/// the CPU's plain, mapped and repacked buffers alike, `CUDA0`), an RPC device with its server
+/// (`RPC1[127.0.0.1:50052]`: ggml numbers RPC devices across servers). Without a device, the
+/// buffer's own name.
+pub(crate) fn buffer_device(t: &sys::ggml_tensor) -> Option<String> {
+    let text = |p: *const c_char| {
+        // SAFETY: a NUL-terminated string ggml owns for the life of the device or buffer.
+        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    };
+    let dev = device_of(t);
+    if dev.is_null() {
+        let buf = buffer_of(t);
+        // SAFETY: a live buffer; its name is a string it owns.
+        return (!buf.is_null()).then(|| text(unsafe { sys::ggml_backend_buffer_name(buf) }))?;
+    }
+    // SAFETY: a live device; name and description are strings it owns.
+    let name = text(unsafe { sys::ggml_backend_dev_name(dev) })?;
+    if opledger_core::split::is_remote(&name) {
+        // SAFETY: as above.
+        let at = text(unsafe { sys::ggml_backend_dev_description(dev) }).unwrap_or_default();
+        return Some(format!("{name}[{at}]"));
+    }
+    Some(name)
+}
+
+/// The device of a tensor's memory as an address (0 without one; the buffer type's address
+/// when it names no device).
+pub(crate) fn device_id(t: &sys::ggml_tensor) -> usize {
+    let dev = device_of(t);
+    if !dev.is_null() {
+        return dev as usize;
+    }
+    let buf = buffer_of(t);
     if buf.is_null() {
         return 0;
     }
@@ -360,11 +391,7 @@ pub(crate) fn buffer_type(t: &sys::ggml_tensor) -> usize {
 /// Whether a tensor lives on a remote device (an RPC buffer: data that must never be read
 /// through its pointer).
 pub(crate) fn is_remote(t: &sys::ggml_tensor) -> bool {
-    let mut buf = t.buffer;
-    if buf.is_null() && !t.view_src.is_null() {
-        // SAFETY: a non-null view source of a live tensor is a live tensor.
-        buf = unsafe { (*t.view_src).buffer };
-    }
+    let buf = buffer_of(t);
     // SAFETY: a live buffer, or null (checked first).
     !buf.is_null() && unsafe { !sys::ggml_backend_buffer_is_host(buf) }
 }
@@ -451,16 +478,15 @@ unsafe extern "C" fn abort_trampoline(message: *const c_char) {
         .filter(|(loc, _)| loc.contains(".c"))
         .map(|(_, w)| w.trim().to_string())
         .unwrap_or_else(|| text.trim().to_string());
-    end(&format!(
-        "llama.cpp stopped the run: {words} (a remote RPC server failed or closed the connection)"
-    ));
+    end(&format!("llama.cpp aborted the run: {words}"));
 }
 
-/// The watchdog: ends the process when one `llama_decode` makes no progress for the timeout. A
-/// server that stops answering without closing the connection (stopped, or its host gone)
-/// would otherwise keep the run waiting forever inside ggml. Armed around every decode of a
-/// context ([`arm`]), fed by the eval callback at every node ([`tick`]); it ends the process
-/// through the same hook as an abort.
+/// The watchdog: ends the process when one watched call into llama.cpp makes no progress for
+/// the timeout. A server that stops answering without closing the connection (stopped, or its
+/// host gone) would otherwise keep the run waiting forever inside ggml. Armed around every call
+/// of a split model that talks to its servers ([`Watched`]: the load, a decode, a state saved
+/// or restored), fed by the eval callback at every node and by the load's progress ([`tick`]);
+/// it ends the process through the same hook as an abort.
 #[derive(Debug)]
 struct WatchState {
     start: Instant,
@@ -482,13 +508,17 @@ pub(crate) fn watch(timeout: Duration) {
         });
         let w = s.clone();
         std::thread::spawn(move || loop {
-            let timeout_ms = w.timeout_ms.load(Ordering::Relaxed);
+            let timeout_ms = w.timeout_ms.load(Ordering::SeqCst);
             std::thread::sleep(Duration::from_millis((timeout_ms / 10).clamp(10, 500)));
+            // armed first, then the last progress: arming marks progress before it arms
+            if !w.armed.load(Ordering::SeqCst) {
+                continue;
+            }
+            let last = w.last_ms.load(Ordering::SeqCst);
             let now = w.start.elapsed().as_millis() as u64;
-            let last = w.last_ms.load(Ordering::Relaxed);
-            if w.armed.load(Ordering::Relaxed) && now.saturating_sub(last) > timeout_ms {
+            if now.saturating_sub(last) > timeout_ms {
                 end(&format!(
-                    "a remote RPC server did not answer within {:.1} s (--rpc-timeout); the run was stopped",
+                    "no progress for {:.1} s (--rpc-timeout): a remote RPC server stopped answering, or one step of the run takes longer than the timeout (a FUSED decode, which reports no node, counts as one step; raise --rpc-timeout then)",
                     timeout_ms as f64 / 1e3
                 ));
             }
@@ -504,15 +534,35 @@ pub(crate) fn watch(timeout: Duration) {
 pub(crate) fn tick() {
     if let Some(w) = WATCH.get() {
         w.last_ms
-            .store(w.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+            .store(w.start.elapsed().as_millis() as u64, Ordering::SeqCst);
     }
 }
 
 /// Watches from now (around a decode) or stops watching.
-pub(crate) fn arm(on: bool) {
+fn arm(on: bool) {
     if let Some(w) = WATCH.get() {
         tick();
-        w.armed.store(on, Ordering::Relaxed);
+        w.armed.store(on, Ordering::SeqCst);
+    }
+}
+
+/// Watches while it lives (when `on`: a call into llama.cpp that talks to remote devices).
+pub(crate) struct Watched(bool);
+
+impl Watched {
+    pub(crate) fn new(on: bool) -> Watched {
+        if on {
+            arm(true);
+        }
+        Watched(on)
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if self.0 {
+            arm(false);
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! `opledger rpc-server`: this machine's CPU as a remote device of llama.cpp's RPC backend (ggml's
 //! own server, the one `--rpc` connects to).
 
-use std::net::{IpAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
@@ -31,8 +31,22 @@ pub fn is_loopback(host: &str) -> bool {
         || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
+/// The IPv4 address ggml's server binds (it takes a numeric address only, `inet_addr`):
+/// `localhost` is 127.0.0.1.
+pub fn ipv4_host(host: &str) -> Result<Ipv4Addr> {
+    if host.eq_ignore_ascii_case("localhost") {
+        return Ok(Ipv4Addr::LOCALHOST);
+    }
+    host.parse::<Ipv4Addr>().map_err(|_| {
+        anyhow::anyhow!(
+            "--host {host}: ggml's RPC server listens on a numeric IPv4 address only (such as 127.0.0.1)"
+        )
+    })
+}
+
 pub fn run(args: RpcServerArgs) -> Result<ExitCode> {
-    if !is_loopback(&args.host) {
+    let host = ipv4_host(&args.host)?;
+    if !host.is_loopback() {
         if !args.allow_remote {
             bail!(
                 "--host {}: serving beyond loopback exposes this machine to anyone who reaches the port (llama.cpp's RPC protocol has no authentication); pass --allow-remote to do it anyway, on a trusted network only",
@@ -41,26 +55,21 @@ pub fn run(args: RpcServerArgs) -> Result<ExitCode> {
         }
         eprintln!(
             "WARNING: serving on {}:{} without authentication or encryption: anyone who reaches this port can allocate memory and run graphs here. Never expose it to an untrusted network.",
-            args.host, args.port
+            host, args.port
         );
     }
-    if args.host.contains(':') {
-        bail!(
-            "--host {}: ggml's RPC server takes an IPv4 address or a name",
-            args.host
-        );
-    }
+    let host = host.to_string();
     // a taken port fails here with a clear error rather than inside ggml
     drop(
-        TcpListener::bind((args.host.as_str(), args.port))
-            .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?,
+        TcpListener::bind((host.as_str(), args.port))
+            .with_context(|| format!("cannot listen on {host}:{}", args.port))?,
     );
     let threads = args.threads.unwrap_or_else(super::flags::cpus);
     eprintln!(
-        "opledger rpc-server: this machine's CPU ({threads} threads) on {}:{}, one client at a time; stop with Ctrl-C",
-        args.host, args.port
+        "opledger rpc-server: this machine's CPU ({threads} threads) on {host}:{}, one client at a time; stop with Ctrl-C",
+        args.port
     );
-    opledger_app::rpc::serve(&args.host, args.port, threads)?;
+    opledger_app::rpc::serve(&host, args.port, threads)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -77,5 +86,15 @@ mod tests {
         assert!(!is_loopback("0.0.0.0"));
         assert!(!is_loopback("192.168.1.4"));
         assert!(!is_loopback("example.org"));
+    }
+
+    #[test]
+    fn the_server_binds_a_numeric_ipv4_address() {
+        assert_eq!(ipv4_host("localhost").unwrap(), Ipv4Addr::LOCALHOST);
+        assert_eq!(ipv4_host("10.0.0.7").unwrap(), Ipv4Addr::new(10, 0, 0, 7));
+        for bad in ["::1", "example.org", "127.0.0.256", ""] {
+            let e = ipv4_host(bad).unwrap_err().to_string();
+            assert!(e.contains("numeric IPv4"), "{bad}: {e}");
+        }
     }
 }

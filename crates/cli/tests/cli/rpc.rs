@@ -157,7 +157,7 @@ fn a_split_across_two_servers_computes_one_process_logits_with_every_node_and_by
     let (cpu, r1, r2) = (
         "CPU".to_string(),
         format!("RPC0[{}]", s1.endpoint()),
-        format!("RPC0[{}]", s2.endpoint()),
+        format!("RPC1[{}]", s2.endpoint()),
     );
     // the weights of each layer were read on the device the split asked for
     for n in raw.graph.iter().filter(|n| n.op != TRANSFER_OP) {
@@ -255,7 +255,7 @@ fn a_slower_link_grows_the_network_band() {
     );
     let network = |endpoint: String, name: &str| {
         let run = dir.path().join(name);
-        let out = profile(&model, &[endpoint], &["-r", "2"], &run)
+        let out = profile(&model, &[endpoint], &["-r", "3"], &run)
             .output()
             .unwrap();
         assert!(
@@ -264,22 +264,37 @@ fn a_slower_link_grows_the_network_band() {
             String::from_utf8_lossy(&out.stderr)
         );
         let s: ProfileSummary = serde_json::from_slice(&out.stdout).unwrap();
-        (
-            s.band("network").unwrap().ms_per_token_corrected,
-            s.fused_ms,
-        )
+        let band = s.band("network").unwrap().clone();
+        (band, s.fused_ms_spread.min)
     };
     let (direct, direct_ms) = network(server.endpoint(), "direct");
     let (slow, slow_ms) = network(link.endpoint(), "slow");
-    // the outputs come back in one round trip (2 x 3 ms) at least: per token of the chunk,
-    // 6 ms / 16; half of that as the bound on a shared machine
-    assert!(
-        slow - direct > 0.5 * 6.0 / 16.0,
-        "network {direct:.4} -> {slow:.4} ms/token"
+    eprintln!(
+        "network TIMED {:.3} -> {:.3} ms, {:.4} -> {:.4} ms/token (corrected {:.4} -> {:.4}), fastest FUSED {direct_ms:.2} -> {slow_ms:.2} ms",
+        direct.timed_ms, slow.timed_ms, direct.ms_per_token, slow.ms_per_token,
+        direct.ms_per_token_corrected, slow.ms_per_token_corrected,
     );
+    // the transfers' TIMED times hold the link: the inputs' wait for a read on the server and
+    // the outputs' read back are a round trip (2 x 3 ms) each; one of them as the bound
+    assert!(
+        slow.timed_ms - direct.timed_ms > 6.0,
+        "network TIMED {:.3} -> {:.3} ms",
+        direct.timed_ms,
+        slow.timed_ms
+    );
+    // the FUSED run waits for the link at least once each way (the fastest run of each: a busy
+    // machine only adds)
     assert!(
         slow_ms - direct_ms > 3.0,
-        "FUSED {direct_ms:.2} -> {slow_ms:.2} ms"
+        "fastest FUSED {direct_ms:.2} -> {slow_ms:.2} ms"
+    );
+    // and the band grows with it, once each node's isolation is taken out (the raw share does
+    // not say: every remote node's TIMED time is a round trip of the link too)
+    assert!(
+        slow.ms_per_token_corrected > direct.ms_per_token_corrected,
+        "network corrected {:.4} -> {:.4} ms/token",
+        direct.ms_per_token_corrected,
+        slow.ms_per_token_corrected
     );
 }
 
@@ -384,10 +399,11 @@ fn remote_faults_end_in_clear_errors_within_the_timeout() {
         let err = stderr_of(&mut child);
         assert_eq!(status.code(), Some(7), "{name}: {err}");
         if stop {
-            assert!(err.contains("did not answer within 3.0 s"), "{err}");
+            assert!(err.contains("no progress for 3.0 s"), "{err}");
             assert!(ended < Duration::from_secs(10), "{name}: {ended:?}");
         } else {
-            assert!(err.contains("remote RPC server failed"), "{err}");
+            // ggml's own words for a connection that broke
+            assert!(err.contains("Remote RPC server crashed"), "{err}");
             assert!(ended < Duration::from_secs(5), "{name}: {ended:?}");
         }
         let marker = std::fs::read_to_string(run.join("INCOMPLETE")).unwrap();
