@@ -111,14 +111,26 @@ impl RpcSettings {
                     .collect()
             }
         };
-        let sum: u32 = layers.iter().sum();
-        if sum != n_layer {
+        let sum: u64 = layers.iter().map(|&l| l as u64).sum();
+        if sum != n_layer as u64 {
             bail!("--rpc-split places {sum} layers; the model has {n_layer}");
         }
         if layers.contains(&0) {
             bail!("--rpc-split: every device needs at least one layer (the token embedding stays on this machine's CPU)");
         }
         Ok(layers)
+    }
+
+    /// The layers whose weights and caches this machine holds: this machine's CPU's, and those
+    /// of the servers on loopback (their processes run here too).
+    pub fn layers_here(&self, n_layer: u32) -> Result<u32> {
+        let layers = self.layers_for(n_layer)?;
+        let servers = self.servers.iter().zip(&layers[1..]);
+        Ok(layers[0]
+            + servers
+                .filter(|(e, _)| crate::rpc::is_loopback(e))
+                .map(|(_, l)| l)
+                .sum::<u32>())
     }
 }
 
@@ -323,15 +335,28 @@ mod tests {
             [2, 1, 1]
         );
         for (servers, layers, n) in [
-            (2, Some(vec![2, 2]), 4),    // two counts for three devices
-            (2, Some(vec![2, 1, 2]), 4), // five layers for four
-            (1, Some(vec![0, 4]), 4),    // nothing local
-            (2, None, 2),                // fewer layers than devices
+            (2, Some(vec![2, 2]), 4),        // two counts for three devices
+            (2, Some(vec![2, 1, 2]), 4),     // five layers for four
+            (1, Some(vec![0, 4]), 4),        // nothing local
+            (2, None, 2),                    // fewer layers than devices
+            (1, Some(vec![u32::MAX, 5]), 4), // a sum past u32 (wraps to 4)
         ] {
             assert!(
                 rpc(servers, layers.clone()).layers_for(n).is_err(),
                 "{layers:?} of {n}"
             );
         }
+    }
+
+    #[test]
+    fn the_layers_here_are_the_cpus_and_the_loopback_servers() {
+        let mut r = rpc(2, Some(vec![3, 3, 2]));
+        assert_eq!(r.layers_here(8).unwrap(), 8);
+        r.servers[1] = "10.0.0.7:50052".into();
+        assert_eq!(r.layers_here(8).unwrap(), 6);
+        r.servers[0] = "gpu-host:50052".into();
+        assert_eq!(r.layers_here(8).unwrap(), 3);
+        r.servers[0] = "localhost:50052".into();
+        assert_eq!(r.layers_here(8).unwrap(), 6);
     }
 }

@@ -140,6 +140,7 @@ pub fn run_records(
         node_steps: Some(1),
         one_process_fused_ms: Vec::new(),
         one_process_outputs: None,
+        one_process_skipped: None,
     };
     let settings: BTreeMap<String, String> = [
         ("imported_from", hash.path.clone()),
@@ -334,6 +335,7 @@ fn build(
         node_steps: Some(1),
         one_process_fused_ms: Vec::new(),
         one_process_outputs: None,
+        one_process_skipped: None,
     };
     let band_rules = BandRules {
         architectures: vec!["*".into()],

@@ -103,7 +103,8 @@ pub fn exit(profiles: &[Profiled]) -> Exit {
 /// A split profile's comparison with one process: the same work on this machine's CPU alone
 /// (every layer local, the RPC servers unused), `warmup` unmeasured then `cycles` FUSED runs;
 /// their walls, and its logits against `split_logits` (the split engine's last run) under the
-/// A/B correctness gate's tolerance.
+/// A/B correctness gate's tolerance. Refused before loading when the whole model would not fit
+/// the memory available now.
 pub fn one_process(
     file: &ModelFile,
     settings: &crate::engines::EngineSettings,
@@ -114,6 +115,19 @@ pub fn one_process(
     ui: &mut dyn Ui,
 ) -> Result<(Vec<f64>, opledger_core::ab::Correctness)> {
     use opledger_core::engine::Mode;
+    let need = opledger_core::memory::estimate(
+        &file.arch,
+        file.gguf.file_size_bytes,
+        (work.depth_tokens + work.chunk_tokens) as u64,
+        work.chunk_tokens as u64,
+        2,
+        work.all_logits,
+    );
+    let available = opledger_core::system::SystemSnapshot::take()
+        .mem_available_bytes
+        .unwrap_or(u64::MAX);
+    opledger_core::memory::check(need, available)
+        .context("the whole model on this machine would not fit its memory")?;
     let local = crate::engines::EngineSettings {
         rpc: None,
         ..settings.clone()

@@ -25,25 +25,54 @@ pub fn serve(_host: &str, _port: u16, _threads: u32) -> Result<()> {
 /// From now on, a remote device that fails (ggml's RPC client aborts on a closed connection or
 /// a malformed answer; the watchdog on a server that stops answering) ends the process with
 /// exit status [`crate::outcome::REMOTE_FAILED`] and the reason on stderr, and writes the
-/// reason into `folder`'s INCOMPLETE marker: the run folder stays marked incomplete.
-#[cfg(feature = "llama")]
+/// reason into `folder`'s INCOMPLETE marker: the run folder stays marked incomplete. A folder
+/// already finished (a server lost while the model is freed) is left as it is.
 pub fn stop_on_remote_failure(folder: Option<PathBuf>) {
+    stop_on_abort(folder, crate::outcome::REMOTE_FAILED);
+}
+
+/// The same for a run on this machine alone (a split profile's one-process comparison, after
+/// the split engine is gone): llama.cpp aborting ends the process with exit status 1.
+pub fn stop_on_local_abort(folder: Option<PathBuf>) {
+    stop_on_abort(folder, 1);
+}
+
+#[cfg(feature = "llama")]
+fn stop_on_abort(folder: Option<PathBuf>, status: u8) {
     let hook = move |why: &str| {
         eprintln!("error: {why}");
         if let Some(f) = &folder {
             let marker = f.join(opledger_core::run_folder::INCOMPLETE_MARKER);
-            let _ = std::fs::write(&marker, format!("this run was stopped: {why}\n"));
-            eprintln!(
-                "the run folder {} is left incomplete (INCOMPLETE says why)",
-                f.display()
-            );
+            if marker.exists() {
+                let _ = std::fs::write(&marker, format!("this run was stopped: {why}\n"));
+                eprintln!(
+                    "the run folder {} is left incomplete (INCOMPLETE says why)",
+                    f.display()
+                );
+            } else {
+                eprintln!(
+                    "the run folder {} was complete before this and is kept",
+                    f.display()
+                );
+            }
         }
     };
-    opledger_llama::rpc::on_abort(std::sync::Arc::new(hook), crate::outcome::REMOTE_FAILED);
+    opledger_llama::rpc::on_abort(std::sync::Arc::new(hook), status);
 }
 
 #[cfg(not(feature = "llama"))]
-pub fn stop_on_remote_failure(_folder: Option<PathBuf>) {}
+fn stop_on_abort(_folder: Option<PathBuf>, _status: u8) {}
+
+/// Whether a `host:port` endpoint names this machine's loopback (`localhost` or a loopback
+/// address).
+pub fn is_loopback(endpoint: &str) -> bool {
+    endpoint.rsplit_once(':').is_some_and(|(host, _)| {
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    })
+}
 
 /// The processes serving `servers` on this machine (loopback endpoints; a server elsewhere has
 /// no process here), and the servers a relay among them is connected to (`rpc-link`): call it
@@ -52,14 +81,8 @@ pub fn local_server_pids(servers: &[String]) -> Vec<u32> {
     let me = std::process::id();
     let mut pids: Vec<u32> = servers
         .iter()
-        .filter_map(|e| {
-            let (host, port) = e.rsplit_once(':')?;
-            let loopback = host.eq_ignore_ascii_case("localhost")
-                || host
-                    .parse::<std::net::IpAddr>()
-                    .is_ok_and(|ip| ip.is_loopback());
-            loopback.then(|| port.parse::<u16>().ok()).flatten()
-        })
+        .filter(|e| is_loopback(e))
+        .filter_map(|e| e.rsplit_once(':')?.1.parse::<u16>().ok())
         .flat_map(opledger_core::system::listening_pids)
         .filter(|&p| p != me)
         .collect();

@@ -35,13 +35,16 @@ pub struct Sweep {
 
 impl Sweep {
     /// A new sweep of `file` to `config.max_depth()`: refused when the KV cache and recurrent
-    /// state would not fit in memory (unless `memory_check` is off); creates the folder.
+    /// state would not fit in memory (unless `memory_check` is off; with a split, `layers_here`
+    /// of the model's layers count, see [`crate::engines::RpcSettings::layers_here`]); creates
+    /// the folder.
     pub fn start(
         file: &ModelFile,
         bands: Bands,
         config: SweepConfig,
         threads: u32,
         memory_check: bool,
+        layers_here: Option<u32>,
         output: Option<&Path>,
     ) -> Result<Sweep> {
         let model_path = file.path().to_path_buf();
@@ -58,13 +61,21 @@ impl Sweep {
             2,
             config.work.all_logits,
         );
+        let layers = file.arch.layers.len() as u32;
+        let (need, held) = match layers_here {
+            Some(here) => (
+                need.share(here, layers),
+                format!(", the {here} of {layers} layers held on this machine"),
+            ),
+            None => (need, String::new()),
+        };
         let available = SystemSnapshot::take()
             .mem_available_bytes
             .unwrap_or(u64::MAX);
         if memory_check {
             memory::check(need, available).with_context(|| {
                 format!(
-                    "a sweep of {} to depth {} ({} tokens of context, two contexts)",
+                    "a sweep of {} to depth {} ({} tokens of context, two contexts{held})",
                     model_path.display(),
                     config.max_depth(),
                     n_ctx

@@ -18,6 +18,31 @@ pub struct MemoryEstimate {
     pub total_bytes: u64,
 }
 
+impl MemoryEstimate {
+    /// The part this machine holds of a model split over devices: `here` of its `layers`
+    /// layers' weights, KV cache and recurrent state, in proportion (the token embedding and
+    /// the output layer are counted as an average layer's share); the compute buffers whole,
+    /// as every device has its own.
+    pub fn share(self, here: u32, layers: u32) -> MemoryEstimate {
+        let part = |b: u64| (b as u128 * here as u128 / layers.max(1) as u128) as u64;
+        let (weights_bytes, kv_cache_bytes, recurrent_state_bytes) = (
+            part(self.weights_bytes),
+            part(self.kv_cache_bytes),
+            part(self.recurrent_state_bytes),
+        );
+        MemoryEstimate {
+            weights_bytes,
+            kv_cache_bytes,
+            recurrent_state_bytes,
+            compute_bytes: self.compute_bytes,
+            total_bytes: weights_bytes
+                + kv_cache_bytes
+                + recurrent_state_bytes
+                + self.compute_bytes,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "the run needs about {} (weights {}, KV cache {}, recurrent state {}, compute {}) but {} is available",
@@ -147,6 +172,17 @@ mod tests {
         let err = check(e, e.total_bytes - 1).unwrap_err();
         assert!(err.to_string().contains("is available"), "{err}");
         assert!(check(e, e.total_bytes).is_ok());
+        // a split keeping 1 of the 4 layers here: a quarter of the weights, cache and state
+        let q = e.share(1, 4);
+        assert_eq!(q.weights_bytes, 250);
+        assert_eq!(q.kv_cache_bytes, 16896 * 2048 * 2 / 4);
+        assert_eq!(q.recurrent_state_bytes, 3 * (98_304 + 2_097_152) * 2 / 4);
+        assert_eq!(q.compute_bytes, e.compute_bytes);
+        assert_eq!(
+            q.total_bytes,
+            250 + q.kv_cache_bytes + q.recurrent_state_bytes + q.compute_bytes
+        );
+        assert_eq!(e.share(4, 4), e);
     }
 
     #[test]

@@ -122,18 +122,11 @@ pub fn read_snapshot() -> Option<Snapshot> {
     let me = std::process::id();
     let partners = PARTNERS.lock().map(|p| p.clone()).unwrap_or_default();
     let mut processes = Vec::new();
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for (pid, dir) in crate::system::processes() {
         if pid == me {
             continue;
         }
-        if let Some(ticks) = std::fs::read_to_string(entry.path().join("stat"))
+        if let Some(ticks) = std::fs::read_to_string(dir.join("stat"))
             .ok()
             .and_then(|t| parse_self_stat(&t))
         {

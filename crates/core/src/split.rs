@@ -46,6 +46,26 @@ pub fn copy_of(name: &str) -> Option<(&str, &str)> {
     Some((device, tensor))
 }
 
+/// The longest tensor name ggml keeps (`GGML_MAX_NAME` 64 with its terminating NUL): the
+/// scheduler's copy names are cut there.
+pub const MAX_NAME_LEN: usize = 63;
+
+/// The distinct sources that look like scheduler copies whose names ggml cut at
+/// [`MAX_NAME_LEN`] (a long device name, `RPC<k>[host:port]` with a long host name, before a
+/// long tensor name): their copy number is lost, so [`with_transfers`] cannot count them.
+pub fn cut_copies(graph: &[NodeInfo]) -> Vec<String> {
+    let mut cut: Vec<String> = graph
+        .iter()
+        .flat_map(|n| n.srcs.iter().flatten())
+        .filter(|s| s.name.len() >= MAX_NAME_LEN && s.name.contains('#'))
+        .filter(|s| copy_of(&s.name).is_none())
+        .map(|s| s.name.clone())
+        .collect();
+    cut.sort();
+    cut.dedup();
+    cut
+}
+
 /// The graph with a transfer node at every change of device (and for the outputs when the last
 /// node ran remotely), renumbered, and what each position holds. A graph without devices comes
 /// back as it was.
@@ -363,6 +383,24 @@ mod tests {
         );
         assert_eq!(copy_of("l_out-1"), None);
         assert_eq!(copy_of("a#b"), None);
+    }
+
+    #[test]
+    fn copies_whose_names_ggml_cut_are_found() {
+        // ggml's "%s#%s#%d" into a 64-byte name: a 40-character device name leaves 22 for the
+        // tensor and the copy number
+        let device = "RPC0[gpu-node-17.cluster.example.org:50052]";
+        let full = format!("{device}#ffn_moe_weights_norm-12#0");
+        assert!(full.len() > MAX_NAME_LEN);
+        let cut = full[..MAX_NAME_LEN].to_string();
+        let short = format!("{device}#l_out-1#0");
+        assert!(short.len() <= MAX_NAME_LEN);
+        let g = vec![
+            node(0, "x-1", device, vec![tensor(&cut, 64), tensor(&short, 64)]),
+            node(1, "y-1", device, vec![tensor(&cut, 64)]),
+        ];
+        assert_eq!(cut_copies(&g), vec![cut]);
+        assert!(cut_copies(&g[..0]).is_empty());
     }
 
     #[test]

@@ -177,29 +177,29 @@ pub fn listening_pids(port: u16) -> Vec<u32> {
         return Vec::new();
     }
     let wanted: Vec<String> = inodes.iter().map(|i| format!("socket:[{i}]")).collect();
-    let mut pids = Vec::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return pids;
-    };
-    for entry in procs.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
-            continue;
-        };
-        if fds.flatten().any(|fd| {
-            std::fs::read_link(fd.path())
-                .is_ok_and(|l| wanted.iter().any(|w| l.as_os_str() == w.as_str()))
-        }) {
-            pids.push(pid);
-        }
-    }
-    pids
+    processes()
+        .filter(|(_, dir)| {
+            std::fs::read_dir(dir.join("fd")).is_ok_and(|fds| {
+                fds.flatten().any(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|l| wanted.iter().any(|w| l.as_os_str() == w.as_str()))
+                })
+            })
+        })
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// The processes of this machine: each pid with its /proc folder (none where /proc is not
+/// there).
+pub fn processes() -> impl Iterator<Item = (u32, std::path::PathBuf)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flat_map(|procs| procs.flatten())
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            Some((pid, entry.path()))
+        })
 }
 
 #[cfg(test)]

@@ -103,8 +103,8 @@ impl Model {
             // SAFETY: ptr is the model just loaded.
             let all = model.n_layer()
                 + unsafe { sys::llama_model_n_layer_nextn(ptr.as_ptr()) }.max(0) as u32;
-            let asked: u32 = r.layers.iter().sum();
-            if asked != all {
+            let asked: u64 = r.layers.iter().map(|&l| l as u64).sum();
+            if asked != all as u64 {
                 return Err(LlamaError::Invalid(format!(
                     "the split places {asked} layers, the model has {all}"
                 )));

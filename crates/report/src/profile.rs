@@ -318,6 +318,12 @@ pub(crate) fn split_lines(s: &ProfileSummary) -> Vec<String> {
         s.agreement * 100.0,
         s.agreement_corrected * 100.0
     ));
+    if let Some(why) = &s.one_process_skipped {
+        lines.push(format!(
+            "FUSED split {:.2} ms ({:.2}–{:.2}); one process not measured: {why}",
+            s.fused_ms_spread.median, s.fused_ms_spread.min, s.fused_ms_spread.max
+        ));
+    }
     if let Some(one) = &s.one_process_fused_ms {
         lines.push(format!(
             "FUSED split {:.2} ms ({:.2}–{:.2}) vs one process {:.2} ms ({:.2}–{:.2}): {:.3}x",
@@ -345,6 +351,16 @@ pub fn profile_markdown(m: &Manifest, s: &ProfileSummary) -> String {
     );
     for line in figures(s) {
         let _ = writeln!(out, "- {line}");
+    }
+    if !s.devices.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nBy device (the same estimator; transfers under their link):\n\n{}\n",
+            markdown_table(&DEVICE_HEADER, &DEVICE_ALIGN, &device_rows(s))
+        );
+        for line in split_lines(s) {
+            let _ = writeln!(out, "- {line}");
+        }
     }
     if let Some(l) = contents_line("other holds", &s.other) {
         let _ = writeln!(out, "- {l}");

@@ -63,6 +63,11 @@ pub struct ProfileArgs {
     /// A band rule set (TOML) instead of the built-in one for the model's architecture.
     #[arg(long)]
     pub bands: Option<PathBuf>,
+    /// With --rpc: skip the comparison with the same work on one process (every layer on this
+    /// machine's CPU: FUSED wall and logits). Skipped by itself when the whole model would not
+    /// fit this machine's memory.
+    #[arg(long, requires = "rpc")]
+    pub no_one_process: bool,
     /// The run folder to write (default: runs/<time>-profile-<model>); never overwritten.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
@@ -121,21 +126,38 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
     if settings.rpc.is_some() {
         // the same work on one process, right after: FUSED walls and the logits
         let split_logits = engine.logits()?;
+        // the split engine goes first: its model is freed on the servers too
         drop(engine);
-        let mut ui = Term::new(args.quiet || args.json);
-        let (walls, outputs) = opledger_app::profile::one_process(
-            &file,
-            &settings,
-            &req.work,
-            req.cycles,
-            req.warmup,
-            &split_logits,
-            &mut ui,
-        )?;
+        let compared = if args.no_one_process {
+            Err("--no-one-process".to_string())
+        } else {
+            opledger_app::rpc::stop_on_local_abort(Some(folder.path().to_path_buf()));
+            let mut ui = Term::new(args.quiet || args.json);
+            opledger_app::profile::one_process(
+                &file,
+                &settings,
+                &req.work,
+                req.cycles,
+                req.warmup,
+                &split_logits,
+                &mut ui,
+            )
+            .map_err(|e| format!("{e:#}"))
+        };
         for p in &mut profiles {
-            p.raw.one_process_fused_ms = walls.clone();
-            p.raw.one_process_outputs = Some(outputs.clone());
+            match &compared {
+                Ok((walls, outputs)) => {
+                    p.raw.one_process_fused_ms = walls.clone();
+                    p.raw.one_process_outputs = Some(outputs.clone());
+                }
+                Err(why) => p.raw.one_process_skipped = Some(why.clone()),
+            }
             p.summary = opledger_app::profile::summarise(&p.manifest, &p.raw)?;
+        }
+        if let Err(why) = &compared {
+            if !args.no_one_process {
+                eprintln!("warning: the split is not compared with one process: {why}");
+            }
         }
     }
     opledger_app::runs::write_profiles(&folder, &profiles)?;

@@ -69,6 +69,9 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
     let kind = EngineKind::from(args.engine);
     let mut settings = args.model.settings();
     settings.rpc = args.rpc.settings();
+    if settings.rpc.is_some() && args.decode > 0 {
+        bail!("--rpc sweeps prefill chunks; decode over remote devices (-n) is not supported yet");
+    }
     let (sweep, file) = match &args.resume {
         Some(dir) => {
             let sweep = Sweep::reopen(dir)?;
@@ -113,12 +116,17 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
                     parallel: args.parallel,
                 }),
             };
+            let layers_here = match &settings.rpc {
+                Some(r) => Some(r.layers_here(file.arch.layers.len() as u32)?),
+                None => None,
+            };
             let sweep = Sweep::start(
                 &file,
                 bands,
                 config,
                 settings.threads,
                 !args.no_memory_check,
+                layers_here,
                 args.output.as_deref(),
             )?;
             (sweep, file)
@@ -128,11 +136,6 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
         super::common::print_notes(&file);
     }
     if settings.rpc.is_some() {
-        if args.decode > 0 {
-            bail!(
-                "--rpc sweeps prefill chunks; decode over remote devices (-n) is not supported yet"
-            );
-        }
         opledger_app::rpc::stop_on_remote_failure(Some(sweep.path().to_path_buf()));
     }
     let mut engine = open_engine(kind, &file, &settings)?;

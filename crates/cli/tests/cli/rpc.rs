@@ -230,6 +230,50 @@ fn a_split_across_two_servers_computes_one_process_logits_with_every_node_and_by
     assert!(network.ms_per_token > 0.0 && network.nodes == 3);
     assert_eq!(summary.one_process_fused_ms.map(|s| s.n), Some(2));
     crate::assert_report_reproduces_summary(&run);
+
+    // without the one-process comparison: the split stands, its outputs unverified (a warning)
+    let run = dir.path().join("alone");
+    let out = profile(
+        &model,
+        &[s1.endpoint(), s2.endpoint()],
+        &["-r", "1", "--no-one-process"],
+        &run,
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: ProfileSummary = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(summary.one_process_fused_ms.is_none());
+    assert_eq!(
+        summary.one_process_skipped.as_deref(),
+        Some("--no-one-process")
+    );
+    let c = summary
+        .checks
+        .iter()
+        .find(|c| c.name == "split outputs")
+        .unwrap();
+    assert_eq!(c.status, CheckStatus::Warn, "{}", c.detail);
+    crate::assert_report_reproduces_summary(&run);
+    // the markdown rendering carries the devices and the splits as the text does
+    let md = Command::new(bin())
+        .args(["report", "--format", "md"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    let md = String::from_utf8_lossy(&md.stdout);
+    for want in [
+        "By device",
+        &format!("| {r1} "),
+        "- splits (3): CPU layers 0-",
+        "one process not measured: --no-one-process",
+    ] {
+        assert!(md.contains(want), "{want} not in\n{md}");
+    }
 }
 
 #[test]
@@ -361,16 +405,21 @@ fn remote_faults_end_in_clear_errors_within_the_timeout() {
     for (name, stop) in [("killed", false), ("stopped", true)] {
         let mut server = Proc::server();
         let run = dir.path().join(name);
-        let mut child = profile(
-            &model,
-            &[server.endpoint()],
-            &["-r", "100000", "--rpc-timeout", "3"],
-            &run,
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        // under a guard too: a failed assertion must not leave the run behind
+        let mut run_proc = Proc {
+            child: profile(
+                &model,
+                &[server.endpoint()],
+                &["-r", "100000", "--rpc-timeout", "3"],
+                &run,
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+            port: 0,
+        };
+        let child = &mut run_proc.child;
         // mid-run: the folder is there and the cycles have started
         let t0 = Instant::now();
         while !run.exists() {
@@ -394,9 +443,9 @@ fn remote_faults_end_in_clear_errors_within_the_timeout() {
             server.child.kill().unwrap();
             server.child.wait().unwrap();
         }
-        let status = wait_at_most(&mut child, limit);
+        let status = wait_at_most(child, limit);
         let ended = t1.elapsed();
-        let err = stderr_of(&mut child);
+        let err = stderr_of(child);
         assert_eq!(status.code(), Some(7), "{name}: {err}");
         if stop {
             assert!(err.contains("no progress for 3.0 s"), "{err}");

@@ -92,6 +92,7 @@ pub fn measure_with(
         node_steps: Some(node_steps),
         one_process_fused_ms: Vec::new(),
         one_process_outputs: None,
+        one_process_skipped: None,
     })
 }
 

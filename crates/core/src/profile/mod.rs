@@ -98,6 +98,10 @@ pub struct ProfileRaw {
     /// A split profile: its logits against the one-process run's, under the A/B tolerance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub one_process_outputs: Option<crate::ab::Correctness>,
+    /// A split profile whose one-process comparison was not measured: why (asked not to, the
+    /// whole model would not fit this machine's memory, or the run failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub one_process_skipped: Option<String>,
 }
 
 impl ProfileRaw {
@@ -251,6 +255,9 @@ pub struct ProfileSummary {
     /// machine's CPU), measured right after the split runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub one_process_fused_ms: Option<Spread>,
+    /// A split profile without the one-process comparison: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub one_process_skipped: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

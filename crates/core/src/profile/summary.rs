@@ -72,6 +72,13 @@ pub fn summarise(
         },
     );
     checks.extend(device_check);
+    if let Some(why) = &raw.one_process_skipped {
+        checks.push(super::Check {
+            name: "split outputs".into(),
+            status: super::CheckStatus::Warn,
+            detail: format!("logits not compared with one process: {why}"),
+        });
+    }
     if let Some(o) = &raw.one_process_outputs {
         checks.push(super::Check {
             name: "split outputs".into(),
@@ -136,6 +143,7 @@ pub fn summarise(
         } else {
             Some(sample(&raw.one_process_fused_ms, "one-process FUSED walls")?.spread())
         },
+        one_process_skipped: raw.one_process_skipped.clone(),
     })
 }
 
@@ -165,17 +173,28 @@ fn split_figures(
     );
     let splits = crate::split::device_runs(&raw.graph);
     let n = raw.graph.len();
+    let cut = crate::split::cut_copies(&raw.graph);
+    let mut detail = format!(
+        "{attributed} of {n} nodes attributed to a device; {} device runs",
+        splits.len()
+    );
+    if !cut.is_empty() {
+        detail += &format!(
+            "; {} copies between devices are not counted: ggml cut their names at {} characters \
+             (e.g. {}), give --rpc numeric addresses to shorten the device names",
+            cut.len(),
+            crate::split::MAX_NAME_LEN,
+            cut[0]
+        );
+    }
     let check = super::Check {
         name: "devices".into(),
-        status: if attributed == n {
+        status: if attributed == n && cut.is_empty() {
             super::CheckStatus::Pass
         } else {
             super::CheckStatus::Fail
         },
-        detail: format!(
-            "{attributed} of {n} nodes attributed to a device; {} device runs",
-            splits.len()
-        ),
+        detail,
     };
     (devices, splits, Some(check))
 }

@@ -413,6 +413,7 @@ fn a_band_point_lies_within_its_range() {
         node_steps: None,
         one_process_fused_ms: Vec::new(),
         one_process_outputs: None,
+        one_process_skipped: None,
     };
     let rules = BandRules::builtin("qwen35moe").unwrap();
     let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
@@ -485,6 +486,7 @@ fn a_decode_remainder_is_taken_from_every_working_node_not_by_share() {
         node_steps: Some(4),
         one_process_fused_ms: Vec::new(),
         one_process_outputs: None,
+        one_process_skipped: None,
     };
     let rules = BandRules::builtin("qwen35moe").unwrap();
     let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
@@ -537,4 +539,39 @@ fn a_run_without_output_hashes_does_not_claim_identical_outputs() {
     let c = s.checks.iter().find(|c| c.name == "outputs").unwrap();
     assert_eq!(c.status, CheckStatus::Warn);
     assert!(c.detail.contains("not measured"), "{}", c.detail);
+}
+
+#[test]
+fn a_split_whose_copies_ggml_cut_fails_its_device_check_and_an_uncompared_one_warns() {
+    let mut e = MockEngine::new(&NODES);
+    let mut raw = measure(&mut e, &cfg(2), &mut |_, _, _| {}).unwrap();
+    let rules = BandRules::builtin("qwen35moe").unwrap();
+    let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+    let device = "RPC0[gpu-node-17.cluster.example.org:50052]";
+    for n in &mut raw.graph {
+        n.device = Some(device.into());
+    }
+    raw.one_process_skipped = Some("--no-one-process".into());
+    let check = |raw: &ProfileRaw, name: &str| {
+        let s = analyse(raw, &rules, &arch).unwrap().1;
+        s.checks.into_iter().find(|c| c.name == name).unwrap()
+    };
+    assert_eq!(check(&raw, "devices").status, CheckStatus::Pass);
+    let outputs = check(&raw, "split outputs");
+    assert_eq!(outputs.status, CheckStatus::Warn);
+    assert!(outputs.detail.contains("--no-one-process"), "{outputs:?}");
+    // a copy "<device>#ffn_moe_weights_norm-12#0" cut at 63 characters
+    let cut =
+        format!("{device}#ffn_moe_weights_norm-12#0")[..crate::split::MAX_NAME_LEN].to_string();
+    let mut src = raw.graph[0].out.clone();
+    src.name = cut;
+    raw.graph[2].srcs.push(Some(src));
+    let devices = check(&raw, "devices");
+    assert_eq!(devices.status, CheckStatus::Fail);
+    assert!(
+        devices
+            .detail
+            .contains("1 copies between devices are not counted"),
+        "{devices:?}"
+    );
 }
