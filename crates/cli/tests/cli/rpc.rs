@@ -97,6 +97,13 @@ fn profile(model: &Path, servers: &[String], extra: &[&str], out: &Path) -> Comm
     c
 }
 
+/// A profile over `servers` that succeeds, and its summary.
+fn profiled(model: &Path, servers: &[String], extra: &[&str], out: &Path) -> ProfileSummary {
+    let o = profile(model, servers, extra, out).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 /// Waits for a child for at most `limit`; kills it and fails the test past that (a hang).
 fn wait_at_most(child: &mut Child, limit: Duration) -> ExitStatus {
     let t0 = Instant::now();
@@ -130,20 +137,12 @@ fn a_split_across_two_servers_computes_one_process_logits_with_every_node_and_by
     assert_eq!(arch.layers.len(), 4);
     let (s1, s2) = (Proc::server(), Proc::server());
     let run = dir.path().join("run");
-    let out = profile(
+    let summary = profiled(
         &model,
         &[s1.endpoint(), s2.endpoint()],
         &["-r", "2", "--rpc-split", "2,1,1"],
         &run,
-    )
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
-    let summary: ProfileSummary = serde_json::from_slice(&out.stdout).unwrap();
     let raw = ProfileRaw::read(&run.join("raw.json")).unwrap();
     let check = |name: &str| {
         let c = summary.checks.iter().find(|c| c.name == name).unwrap();
@@ -233,20 +232,12 @@ fn a_split_across_two_servers_computes_one_process_logits_with_every_node_and_by
 
     // without the one-process comparison: the split stands, its outputs unverified (a warning)
     let run = dir.path().join("alone");
-    let out = profile(
+    let summary = profiled(
         &model,
         &[s1.endpoint(), s2.endpoint()],
         &["-r", "1", "--no-one-process"],
         &run,
-    )
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
-    let summary: ProfileSummary = serde_json::from_slice(&out.stdout).unwrap();
     assert!(summary.one_process_fused_ms.is_none());
     assert_eq!(
         summary.one_process_skipped.as_deref(),
@@ -299,15 +290,7 @@ fn a_slower_link_grows_the_network_band() {
     );
     let network = |endpoint: String, name: &str| {
         let run = dir.path().join(name);
-        let out = profile(&model, &[endpoint], &["-r", "3"], &run)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let s: ProfileSummary = serde_json::from_slice(&out.stdout).unwrap();
+        let s = profiled(&model, &[endpoint], &["-r", "3"], &run);
         let band = s.band("network").unwrap().clone();
         (band, s.fused_ms_spread.min)
     };
