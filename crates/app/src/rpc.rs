@@ -63,15 +63,19 @@ fn stop_on_abort(folder: Option<PathBuf>, status: u8) {
 #[cfg(not(feature = "llama"))]
 fn stop_on_abort(_folder: Option<PathBuf>, _status: u8) {}
 
-/// Whether a `host:port` endpoint names this machine's loopback (`localhost` or a loopback
-/// address).
+/// Whether `host` is a loopback address (or `localhost`).
+pub fn is_loopback_host(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Whether a `host:port` endpoint names this machine's loopback.
 pub fn is_loopback(endpoint: &str) -> bool {
-    endpoint.rsplit_once(':').is_some_and(|(host, _)| {
-        host.eq_ignore_ascii_case("localhost")
-            || host
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback())
-    })
+    endpoint
+        .rsplit_once(':')
+        .is_some_and(|(host, _)| is_loopback_host(host))
 }
 
 /// The processes serving `servers` on this machine (loopback endpoints; a server elsewhere has
@@ -199,6 +203,18 @@ fn pump(mut from: std::net::TcpStream, mut to: std::net::TcpStream, link: Link) 
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn loopback_only_by_default() {
+        for host in ["127.0.0.1", "127.0.0.2", "localhost", "::1"] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in ["0.0.0.0", "192.168.1.4", "example.org"] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+        assert!(is_loopback("localhost:50052") && is_loopback("127.0.0.1:1"));
+        assert!(!is_loopback("10.0.0.7:50052") && !is_loopback("127.0.0.1"));
+    }
 
     #[test]
     fn a_link_queues_sends_at_its_rate_and_delivers_after_its_delay() {

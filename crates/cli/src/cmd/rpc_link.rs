@@ -41,8 +41,7 @@ fn rate(s: &str) -> Result<f64, String> {
 }
 
 pub fn run(args: RpcLinkArgs) -> Result<ExitCode> {
-    let host = args.listen.rsplit_once(':').map_or("", |h| h.0);
-    if !super::rpc_server::is_loopback(host) {
+    if !opledger_app::rpc::is_loopback(&args.listen) {
         bail!(
             "--listen {}: the simulated link listens on loopback only",
             args.listen

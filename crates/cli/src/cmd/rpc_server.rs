@@ -1,7 +1,7 @@
 //! `opledger rpc-server`: this machine's CPU as a remote device of llama.cpp's RPC backend (ggml's
 //! own server, the one `--rpc` connects to).
 
-use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::net::{Ipv4Addr, TcpListener};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
@@ -23,12 +23,6 @@ pub struct RpcServerArgs {
     /// on a network you do not trust.
     #[arg(long)]
     pub allow_remote: bool,
-}
-
-/// Whether `host` is a loopback address (or `localhost`).
-pub fn is_loopback(host: &str) -> bool {
-    host.eq_ignore_ascii_case("localhost")
-        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The IPv4 address ggml's server binds (it takes a numeric address only, `inet_addr`):
@@ -76,17 +70,6 @@ pub fn run(args: RpcServerArgs) -> Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn loopback_only_by_default() {
-        assert!(is_loopback("127.0.0.1"));
-        assert!(is_loopback("127.0.0.2"));
-        assert!(is_loopback("localhost"));
-        assert!(is_loopback("::1"));
-        assert!(!is_loopback("0.0.0.0"));
-        assert!(!is_loopback("192.168.1.4"));
-        assert!(!is_loopback("example.org"));
-    }
 
     #[test]
     fn the_server_binds_a_numeric_ipv4_address() {
