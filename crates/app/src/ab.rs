@@ -167,8 +167,33 @@ pub fn discover(
     })
 }
 
-/// The manifest of an `ab` or `discover` run (llama.cpp, configured per side by knobs).
-pub fn manifest(kind: &str, file: &ModelFile, bands: &Bands, threads: u32) -> Result<Manifest> {
+/// The manifest of an `ab` or `discover` run (llama.cpp, configured per side by knobs). A side
+/// run in a llama.cpp worker records the worker's path, BLAKE3 and llama.cpp build
+/// (`a.worker`, `a.llama`, ...), next to the model's hash.
+pub fn manifest(
+    kind: &str,
+    file: &ModelFile,
+    bands: &Bands,
+    settings: &EngineSettings,
+    sides: &[(&str, &Knobs)],
+) -> Result<Manifest> {
+    let mut recorded = std::collections::BTreeMap::new();
+    for (side, knobs) in sides {
+        let s = EngineSettings {
+            knobs: (*knobs).clone(),
+            ..settings.clone()
+        };
+        if let Some(w) = s.worker() {
+            let (hello, hash) = opledger_worker::identify(&w.path, w.timeout)?;
+            recorded.insert(format!("{side}.worker"), w.path.display().to_string());
+            recorded.insert(format!("{side}.worker_blake3"), hash);
+            recorded.insert(format!("{side}.llama"), hello.build_label());
+            recorded.insert(
+                format!("{side}.build_options"),
+                hello.llama.build_options.clone(),
+            );
+        }
+    }
     crate::manifest::manifest(
         kind,
         file,
@@ -176,8 +201,8 @@ pub fn manifest(kind: &str, file: &ModelFile, bands: &Bands, threads: u32) -> Re
             engine: "llama.cpp".into(),
             version: llama_version(),
             backend: "CPU".into(),
-            threads,
-            settings: Default::default(),
+            threads: settings.threads,
+            settings: recorded,
         },
         &bands.rules,
     )

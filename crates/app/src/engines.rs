@@ -71,6 +71,38 @@ pub struct EngineSettings {
     pub knobs: Knobs,
     /// Split the model across this machine's CPU and remote RPC servers (llama.cpp only).
     pub rpc: Option<RpcSettings>,
+    /// Run llama.cpp in a worker built in another llama.cpp tree (`--llama-worker`; a side's
+    /// `worker=` knob overrides it), instead of the llama.cpp linked into opledger.
+    pub worker: Option<WorkerSettings>,
+}
+
+/// A llama.cpp worker (`tools/llama-worker`) and how long one request to it may take.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerSettings {
+    pub path: std::path::PathBuf,
+    pub timeout: std::time::Duration,
+}
+
+/// How long one request to a worker may take by default (a model's load included).
+pub const DEFAULT_WORKER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+impl EngineSettings {
+    /// The worker these settings run llama.cpp in: a `worker=` knob, else `--llama-worker`;
+    /// `None` for the embedded llama.cpp (`worker=embedded`, or neither).
+    pub fn worker(&self) -> Option<WorkerSettings> {
+        let timeout = self
+            .worker
+            .as_ref()
+            .map_or(DEFAULT_WORKER_TIMEOUT, |w| w.timeout);
+        match self.knobs.get("worker") {
+            Some("embedded") => None,
+            Some(path) => Some(WorkerSettings {
+                path: path.into(),
+                timeout,
+            }),
+            None => self.worker.clone(),
+        }
+    }
 }
 
 /// A model split across this machine's CPU and remote RPC servers (`--rpc`, `--rpc-split`).
@@ -145,6 +177,7 @@ impl EngineSettings {
             no_repack: false,
             knobs: Knobs::default(),
             rpc: None,
+            worker: None,
         }
     }
 
@@ -159,6 +192,12 @@ impl EngineSettings {
                 ("ubatch", chunk.to_string()),
                 ("type_k", "f16".to_string()),
                 ("type_v", "f16".to_string()),
+                (
+                    "worker",
+                    self.worker
+                        .as_ref()
+                        .map_or("embedded".to_string(), |w| w.path.display().to_string()),
+                ),
             ]
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
@@ -188,6 +227,14 @@ pub fn open_engine(
             settings.knobs,
             kind.name()
         );
+    }
+    // --llama-worker applies to the llama.cpp engine of a command (a ledger's candle side
+    // runs as it always does); a worker= knob on another engine was refused above
+    if let Some(w) = settings.worker().filter(|_| kind == EngineKind::LlamaCpp) {
+        if settings.rpc.is_some() {
+            bail!("--rpc through a llama.cpp worker is not supported yet: the split runs in the llama.cpp linked into opledger");
+        }
+        return open_worker(model, settings, &w);
     }
     match kind {
         EngineKind::LlamaCpp => open_llama(model, settings),
@@ -285,6 +332,38 @@ pub fn load_llama(model: &ModelFile, s: &EngineSettings) -> Result<opledger_llam
     Ok(engine)
 }
 
+/// llama.cpp in a worker process built in the user's own llama.cpp tree, with the same
+/// settings and knobs as the embedded engine.
+fn open_worker(
+    model: &ModelFile,
+    s: &EngineSettings,
+    w: &WorkerSettings,
+) -> Result<Box<dyn Engine>> {
+    use anyhow::Context;
+    let knobs = &s.knobs;
+    let flash = knobs.get("flash_attn").unwrap_or(s.flash_attn.name());
+    let cfg = opledger_worker::WorkerConfig {
+        worker: w.path.clone(),
+        model: model.path().to_path_buf(),
+        threads: knobs
+            .get("threads")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(s.threads),
+        flash_attn: flash.to_string(),
+        gpu_layers: s.gpu_layers,
+        no_repack: s.no_repack || knobs.get("repack") == Some("off"),
+        ubatch: knobs.get("ubatch").and_then(|u| u.parse().ok()),
+        type_k: knobs.get("type_k").map(str::to_string),
+        type_v: knobs.get("type_v").map(str::to_string),
+        timeout: w.timeout,
+        verbose: s.verbose,
+    };
+    // the worker's errors name it
+    let engine = opledger_worker::WorkerEngine::load(cfg)
+        .with_context(|| format!("loading model '{}'", model.path().display()))?;
+    Ok(Box::new(engine))
+}
+
 #[cfg(feature = "candle")]
 fn open_candle(model: &ModelFile, s: &EngineSettings) -> Result<Box<dyn Engine>> {
     use anyhow::Context;
@@ -346,6 +425,34 @@ mod tests {
                 "{layers:?} of {n}"
             );
         }
+    }
+
+    #[test]
+    fn a_side_s_worker_knob_overrides_the_flag_and_embedded_names_the_linked_engine() {
+        let mut s = EngineSettings::new(2);
+        assert_eq!(s.worker(), None);
+        s.worker = Some(WorkerSettings {
+            path: "/w/flag".into(),
+            timeout: std::time::Duration::from_secs(7),
+        });
+        assert_eq!(s.worker().unwrap().path, std::path::Path::new("/w/flag"));
+        s.knobs = "worker=/w/knob".parse().unwrap();
+        let w = s.worker().unwrap();
+        // the knob's worker, with the flag's timeout
+        assert_eq!(
+            (w.path.as_path(), w.timeout),
+            (
+                std::path::Path::new("/w/knob"),
+                std::time::Duration::from_secs(7)
+            )
+        );
+        s.knobs = "worker=embedded".parse().unwrap();
+        assert_eq!(s.worker(), None);
+        // the defaults an A/B resolves name the engine each side runs
+        assert_eq!(
+            EngineSettings::new(2).resolved_defaults(64).get("worker"),
+            Some("embedded")
+        );
     }
 
     #[test]

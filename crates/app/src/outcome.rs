@@ -22,6 +22,10 @@ pub const REGRESSED: u8 = 6;
 /// wrongly, or stopped answering for longer than `--rpc-timeout`. The run folder stays marked
 /// incomplete.
 pub const REMOTE_FAILED: u8 = 7;
+/// The llama.cpp worker failed during the run: it died (a crash, a signal), did not answer
+/// within `--worker-timeout`, wrote something that is not its protocol, or its graph changed
+/// between runs. No run folder is presented as complete.
+pub const WORKER_FAILED: u8 = 8;
 
 /// How a finished command ends.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,9 +125,25 @@ pub fn is_failed_check(e: &anyhow::Error) -> bool {
     })
 }
 
+/// Whether a command's error is the llama.cpp worker failing (see [`WORKER_FAILED`]): a fault
+/// of the process, or a graph that changed between its runs.
+pub fn is_worker_failure(e: &anyhow::Error) -> bool {
+    use opledger_core::engine::EngineError;
+    use opledger_core::sweep::SweepError;
+    let worker = |e: &EngineError| matches!(e, EngineError::Worker(_));
+    e.chain().any(|c| {
+        c.downcast_ref::<EngineError>().is_some_and(worker)
+            || matches!(c.downcast_ref::<SweepError>(), Some(SweepError::Engine(x)) if worker(x))
+            || c.downcast_ref::<opledger_worker::WorkerError>()
+                .is_some_and(|w| w.is_fault())
+    })
+}
+
 /// The exit code and the words of a command's error.
 pub fn of_error(e: &anyhow::Error) -> (u8, String) {
-    if is_failed_check(e) {
+    if is_worker_failure(e) {
+        (WORKER_FAILED, format!("error: {e:#}"))
+    } else if is_failed_check(e) {
         (CHECK_FAILED, format!("check failed: {e:#}"))
     } else {
         (BAD_INPUT, format!("error: {e:#}"))

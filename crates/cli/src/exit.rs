@@ -3,5 +3,5 @@
 
 pub use opledger_app::outcome::{
     is_failed_check, of_error, BAD_INPUT, CHECK_FAILED, INCONCLUSIVE, REFUSED, REGRESSED,
-    REMOTE_FAILED,
+    REMOTE_FAILED, WORKER_FAILED,
 };

@@ -20,7 +20,7 @@ use crate::tokens::splitmix64;
 pub struct Knobs(pub BTreeMap<String, String>);
 
 /// The knobs opledger knows, with the values each accepts.
-pub const KNOWN_KNOBS: [(&str, &str); 6] = [
+pub const KNOWN_KNOBS: [(&str, &str); 7] = [
     ("threads", "a positive integer"),
     ("flash_attn", "on, off or auto"),
     (
@@ -30,11 +30,17 @@ pub const KNOWN_KNOBS: [(&str, &str); 6] = [
     ("type_k", "f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1"),
     ("type_v", "f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1"),
     ("repack", "on or off (CPU weight repacking)"),
+    (
+        "worker",
+        "the path of a llama.cpp worker (tools/llama-worker) built in another llama.cpp tree, or `embedded` for the llama.cpp linked into opledger",
+    ),
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KnobError {
-    #[error("unknown knob '{0}' (known: threads, flash_attn, ubatch, type_k, type_v, repack)")]
+    #[error(
+        "unknown knob '{0}' (known: threads, flash_attn, ubatch, type_k, type_v, repack, worker)"
+    )]
     Unknown(String),
     #[error("knob {key}={value}: expected {expected}")]
     BadValue {
@@ -55,6 +61,7 @@ fn check_value(key: &str, value: &str) -> Result<(), KnobError> {
             "f16" | "bf16" | "f32" | "q8_0" | "q4_0" | "q4_1" | "q5_0" | "q5_1"
         ),
         "repack" => matches!(value, "on" | "off"),
+        "worker" => !value.is_empty(),
         _ => return Err(KnobError::Unknown(key.to_string())),
     };
     if ok {

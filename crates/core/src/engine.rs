@@ -125,6 +125,10 @@ pub enum EngineError {
     Failed(String),
     #[error("the graph changed between runs: {0}")]
     GraphChanged(String),
+    /// An engine in another process (the llama.cpp worker) died, hung past its timeout, or
+    /// wrote something that is not its protocol; the words name it and what it did.
+    #[error("{0}")]
+    Worker(String),
     #[error("{what} is not supported by this engine: {why}")]
     Unsupported { what: String, why: String },
     /// A command asked an engine for a capability it lacks.

@@ -27,6 +27,22 @@ pub fn decode_step_tokens(seed: u64, depth: u32, step: u32, parallel: u32, vocab
         .collect()
 }
 
+/// The tokens of one decode step at position `pos` of `parallel` sequences forked from a
+/// shared context (a sweep's decode steps after each chunk): one per sequence, each sequence
+/// its own stream, the same stream [`decode_step_tokens`] gives it.
+pub fn forked_step_tokens(seed: u64, pos: u32, parallel: u32, vocab: u32) -> Vec<i32> {
+    (0..parallel.max(1))
+        .map(|s| {
+            filler_tokens(
+                seed ^ (s as u64 + 1).wrapping_mul(0x9E37_79B9),
+                pos,
+                1,
+                vocab,
+            )[0]
+        })
+        .collect()
+}
+
 /// SplitMix64: a small, well-mixed, stable hash (Vigna). Kept here rather than pulling in a
 /// random-number crate because the sequence must never change between versions.
 pub fn splitmix64(mut x: u64) -> u64 {

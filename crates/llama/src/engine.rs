@@ -1301,16 +1301,7 @@ fn sweep_slot(mode: Mode) -> usize {
 /// The tokens of one sweep decode step at position `pos`: one per forked sequence, each
 /// sequence its own stream.
 fn sweep_step_tokens(work: &Work, pos: u32, parallel: u32, vocab: u32) -> Vec<i32> {
-    (0..parallel.max(1))
-        .map(|s| {
-            filler_tokens(
-                work.token_seed ^ (s as u64 + 1).wrapping_mul(0x9E37_79B9),
-                pos,
-                1,
-                vocab,
-            )[0]
-        })
-        .collect()
+    opledger_core::tokens::forked_step_tokens(work.token_seed, pos, parallel, vocab)
 }
 
 /// The tokens of decode step `step`: one per sequence, each sequence its own stream.

@@ -165,7 +165,7 @@ pub fn run_ab(args: AbArgs) -> Result<ExitCode> {
         let mut ui = Term::new(args.quiet || args.json);
         opledger_app::ab::ab_with_ablations(&file, &bands, &settings, &a, &b, &cfg, &mut ui)?
     };
-    let m = opledger_app::ab::manifest("ab", &file, &bands, settings.threads)?;
+    let m = opledger_app::ab::manifest("ab", &file, &bands, &settings, &[("a", &a), ("b", &b)])?;
     opledger_app::runs::write_ab(&folder, &m, &report)?;
     let dir = folder.finish()?;
     if args.json {
@@ -209,7 +209,7 @@ pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
             &mut ui,
         )?
     };
-    let m = opledger_app::ab::manifest("discover", &file, &bands, settings.threads)?;
+    let m = opledger_app::ab::manifest("discover", &file, &bands, &settings, &[])?;
     opledger_app::runs::write_discover(&folder, &m, &report)?;
     let dir = folder.finish()?;
     if args.json {

@@ -31,6 +31,14 @@ pub struct ModelArgs {
     /// Print llama.cpp's own log.
     #[arg(long)]
     pub verbose: bool,
+    /// Run llama.cpp in this worker, built in your own llama.cpp tree (tools/llama-worker,
+    /// README "Your own llama.cpp"), instead of the llama.cpp linked into opledger.
+    #[arg(long = "llama-worker", value_name = "PATH")]
+    pub llama_worker: Option<PathBuf>,
+    /// Seconds one request to the worker (a model's load, one run) may take before the worker
+    /// is stopped (exit 8).
+    #[arg(long, default_value_t = 300.0, value_parser = super::flags::seconds)]
+    pub worker_timeout: f64,
 }
 
 /// A model split across this machine's CPU and llama.cpp RPC servers (`profile`, `graph`,
@@ -144,6 +152,13 @@ impl ModelArgs {
             },
             gpu_layers: self.gpu_layers,
             verbose: self.verbose,
+            worker: self
+                .llama_worker
+                .as_ref()
+                .map(|p| opledger_app::engines::WorkerSettings {
+                    path: p.clone(),
+                    timeout: std::time::Duration::from_secs_f64(self.worker_timeout),
+                }),
             ..EngineSettings::new(self.threads())
         }
     }

@@ -98,3 +98,4 @@ mod rpc;
 mod soundness;
 mod sweep;
 mod waste;
+mod worker;

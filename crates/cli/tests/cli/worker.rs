@@ -1,0 +1,319 @@
+//! llama.cpp in a worker process (tools/llama-worker): built here against the llama.cpp cargo
+//! already built for opledger (`scripts/build-worker --from-cargo`, the same ggml CPU options as
+//! the embedded engine), it must capture the same graph, compute the same logits and give the
+//! same bands as the embedded engine; an A/A of the worker against itself passes its control
+//! and its correctness gate; and a worker that is missing, of another protocol, crashes, hangs,
+//! garbles its answers or changes its graph ends the command with a clear error naming it, the
+//! README's exit code, and no run folder presented as complete.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use opledger_core::profile::{ProfileRaw, ProfileSummary};
+
+fn bin() -> PathBuf {
+    assert_cmd::cargo::cargo_bin("opledger")
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The worker built once against the llama.cpp libraries of this very build.
+fn worker() -> PathBuf {
+    static W: OnceLock<PathBuf> = OnceLock::new();
+    W.get_or_init(|| {
+        let exe = bin();
+        let profile_dir = exe.parent().unwrap();
+        let profile = profile_dir
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        let target = profile_dir.parent().unwrap();
+        let o = Command::new(repo().join("scripts/build-worker"))
+            .args(["--from-cargo", "--profile", &profile])
+            .env("CARGO_TARGET_DIR", target)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "building the worker failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let out = String::from_utf8(o.stdout).unwrap();
+        PathBuf::from(out.lines().last().unwrap().trim())
+    })
+    .clone()
+}
+
+fn tiny(dir: &Path) -> PathBuf {
+    let model = dir.join("tiny.gguf");
+    opledger_gguf::synthesize(
+        &opledger_gguf::SynthOptions::new("tiny-qwen35moe"),
+        &model,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    model
+}
+
+fn run(args: &[&str], model: &Path, out: &Path, extra: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .arg("-m")
+        .arg(model)
+        .arg("-o")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn stored_profile(dir: &Path) -> (ProfileRaw, ProfileSummary) {
+    let raw = serde_json::from_slice(&std::fs::read(dir.join("raw.json")).unwrap()).unwrap();
+    let summary =
+        serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+    (raw, summary)
+}
+
+#[test]
+fn a_worker_built_from_the_same_llama_cpp_profiles_as_the_embedded_engine() {
+    let _machine = crate::machine::shared();
+    let w = worker();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(dir.path());
+    let args = [
+        "profile",
+        "-p",
+        "32",
+        "-r",
+        "2",
+        "-t",
+        "1",
+        "--no-noise-gate",
+        "-q",
+    ];
+    let (embedded, through) = (dir.path().join("embedded"), dir.path().join("worker"));
+    let o = run(&args, &model, &embedded, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(
+        &args,
+        &model,
+        &through,
+        &["--llama-worker", w.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (raw_e, sum_e) = stored_profile(&embedded);
+    let (raw_w, sum_w) = stored_profile(&through);
+    // the same graph, node for node
+    assert_eq!(raw_w.graph.len(), raw_e.graph.len());
+    for (a, b) in raw_e.graph.iter().zip(&raw_w.graph) {
+        assert_eq!((&a.op, &a.name, &a.out.ne), (&b.op, &b.name, &b.out.ne));
+        assert_eq!(a.srcs, b.srcs, "sources of node {} ({})", a.index, a.name);
+        assert_eq!(
+            (a.is_view, a.inplace, a.skipped),
+            (b.is_view, b.inplace, b.skipped)
+        );
+    }
+    // the same logits, bit for bit, in every mode
+    assert_eq!(raw_w.output_hashes, raw_e.output_hashes);
+    let file = opledger_app::model::ModelFile::open(&model).unwrap();
+    let rules = opledger_core::band::BandRules::builtin(&file.arch.arch).unwrap();
+    let (assignments, _) = opledger_core::profile::analyse(&raw_w, &rules, &file.arch).unwrap();
+    crate::assert_profile_is_sound(&raw_w, &assignments, &sum_w);
+    // the same bands
+    let names = |s: &ProfileSummary| s.bands.iter().map(|b| b.band.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&sum_w), names(&sum_e));
+    // the manifest records the worker's build next to the model's hash
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(through.join("manifest.json")).unwrap()).unwrap();
+    let engine = &m["engine"];
+    assert!(
+        engine["version"]
+            .as_str()
+            .unwrap()
+            .starts_with("worker: llama.cpp"),
+        "{engine}"
+    );
+    assert_eq!(engine["settings"]["worker"], w.to_str().unwrap());
+    assert_eq!(
+        engine["settings"]["worker_blake3"].as_str().unwrap().len(),
+        64
+    );
+    assert_eq!(m["model"]["blake3"], {
+        let me: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(embedded.join("manifest.json")).unwrap())
+                .unwrap();
+        me["model"]["blake3"].clone()
+    });
+}
+
+/// `ab` of two engines measured interleaved on one model: the embedded llama.cpp against the
+/// worker built from the same sources, and the worker against itself.
+fn ab(model: &Path, a: &str, b: &str, out: &Path) -> (i32, serde_json::Value, String) {
+    let o = Command::new(bin())
+        .args([
+            "ab", "-p", "64", "-r", "6", "-t", "1", "--json", "--a", a, "--b", b, "-m",
+        ])
+        .arg(model)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap();
+    let json = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+    (
+        o.status.code().unwrap_or(-1),
+        json,
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn an_a_a_of_the_worker_and_the_embedded_engine_is_the_same_output_and_no_slower() {
+    // the A/B's own control and noise gate judge the machine: it runs alone
+    let _machine = crate::machine::alone();
+    let w = worker();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(dir.path());
+    let worker_side = format!("worker={}", w.display());
+    for (a, b, name) in [
+        (worker_side.as_str(), worker_side.as_str(), "aa"),
+        ("worker=embedded", worker_side.as_str(), "embedded-worker"),
+    ] {
+        let (code, r, err) = ab(&model, a, b, &dir.path().join(name));
+        let s = &r["scenarios"][0];
+        // the correctness gate: the same logits
+        assert_eq!(s["correctness"]["passed"], true, "{name}: {r} {err}");
+        assert_eq!(
+            s["correctness"]["max_rel_error"].as_f64(),
+            Some(0.0),
+            "{name}: {r}"
+        );
+        // the same code in two processes is no change: never a verdict of faster or slower
+        let verdict = r["verdict"].as_str().unwrap_or_default();
+        assert!(
+            verdict == "no_change" || verdict == "inconclusive",
+            "{name}: verdict {verdict}: {r} {err}"
+        );
+        assert_eq!(
+            code,
+            if verdict == "inconclusive" { 5 } else { 0 },
+            "{name}: {err}"
+        );
+        assert_eq!(s["a_ms"].as_array().unwrap().len(), 6);
+        // the ledger's bands, measured interleaved: every band that holds at least a tenth of
+        // A's time costs the same on B within the loose bound a shared 2-core machine allows
+        let rows = s["ledger"].as_array().unwrap();
+        let total: f64 = rows
+            .iter()
+            .map(|r| r["a_ms_per_token"].as_f64().unwrap())
+            .sum();
+        assert!(total > 0.0, "{name}: {r}");
+        for row in rows {
+            let a_ms = row["a_ms_per_token"].as_f64().unwrap();
+            if a_ms >= 0.1 * total {
+                let ratio = row["ratio"].as_f64().unwrap();
+                assert!((0.7..=1.43).contains(&ratio), "{name}: band {row} moved");
+            }
+        }
+    }
+}
+
+/// A wrapper that runs the fake worker of `mode` (tests/fixtures/fake_worker.py).
+fn fake(dir: &Path, mode: &str) -> PathBuf {
+    let script = repo().join("crates/cli/tests/fixtures/fake_worker.py");
+    let path = dir.join(format!("worker-{mode}"));
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\nexec python3 '{}' {mode} \"$@\"\n",
+            script.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[test]
+fn worker_faults_end_in_clear_errors_and_no_complete_run_folder() {
+    let _machine = crate::machine::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(dir.path());
+    let missing = dir.path().join("no-such-worker");
+    let not_exec = dir.path().join("not-executable");
+    std::fs::write(&not_exec, "#!/bin/sh\n").unwrap();
+    // (worker, exit code, words the message must hold)
+    let cases: Vec<(PathBuf, i32, &str)> = vec![
+        (missing.clone(), 2, "cannot be started"),
+        (not_exec.clone(), 2, "not executable"),
+        (fake(dir.path(), "version"), 2, "version 99"),
+        (fake(dir.path(), "hello"), 8, "not the protocol"),
+        (fake(dir.path(), "garbage"), 8, "not the protocol"),
+        (fake(dir.path(), "truncated"), 8, "not the protocol"),
+        (
+            fake(dir.path(), "wrongid"),
+            8,
+            "while request 1 was waiting",
+        ),
+        (fake(dir.path(), "segv"), 8, "signal 11 (SIGSEGV)"),
+        (fake(dir.path(), "abort"), 8, "GGML_ASSERT(fake) failed"),
+        (fake(dir.path(), "exit"), 8, "exited with status 3"),
+        (fake(dir.path(), "hang"), 8, "did not answer 'load' within"),
+        (
+            fake(dir.path(), "nodes"),
+            8,
+            "the graph changed between runs",
+        ),
+    ];
+    for (i, (w, code, words)) in cases.iter().enumerate() {
+        let out = dir.path().join(format!("run-{i}"));
+        let t0 = Instant::now();
+        let o = run(
+            &[
+                "profile",
+                "-p",
+                "16",
+                "-r",
+                "2",
+                "-t",
+                "1",
+                "--no-noise-gate",
+                "-q",
+            ],
+            &model,
+            &out,
+            &[
+                "--llama-worker",
+                w.to_str().unwrap(),
+                "--worker-timeout",
+                "3",
+            ],
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(*code), "{}: {err}", w.display());
+        assert!(
+            err.contains(words),
+            "{}: expected '{words}' in: {err}",
+            w.display()
+        );
+        assert!(
+            err.contains(&w.display().to_string()),
+            "the message names the worker: {err}"
+        );
+        // within the timeout, not the default five minutes
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", w.display());
+        // no run folder presented as complete: none at all, or one marked incomplete
+        assert!(
+            !out.exists() || out.join("INCOMPLETE").exists(),
+            "{}: {} is presented as complete",
+            w.display(),
+            out.display()
+        );
+    }
+}

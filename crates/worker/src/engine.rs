@@ -1,0 +1,865 @@
+//! [`WorkerEngine`]: the llama.cpp engine over the worker's pipe. It does what the embedded
+//! engine (`opledger-llama`) does, request by request: two contexts on one model (plain: no
+//! callback, the native path; observed: the instrument), the context filled to the depth once
+//! and its state restored before every run, the same filler tokens, the same logits hashes. The
+//! worker executes; every decision about what to run stays here.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use opledger_core::engine::{
+    Capability, ChunkTiming, Engine, EngineError, EngineInfo, GraphCapture, GraphCapturer, Mode,
+    SweepEngine, Work,
+};
+use opledger_core::node::NodeInfo;
+use opledger_core::tokens::{
+    decode_step_tokens, filler_tokens, forked_step_tokens as sweep_step_tokens,
+};
+
+use crate::process::{WorkerError, WorkerProcess};
+use crate::protocol::{Contexts, Decoded, Done, Loaded, Logits, Saved};
+
+/// How to start a worker and load the model in it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerConfig {
+    /// The worker binary (`tools/llama-worker`, built in the user's llama.cpp tree).
+    pub worker: PathBuf,
+    pub model: PathBuf,
+    pub threads: u32,
+    /// `auto`, `on` or `off`.
+    pub flash_attn: String,
+    pub gpu_layers: i32,
+    pub no_repack: bool,
+    pub ubatch: Option<u32>,
+    /// KV cache types (`f16`, `q8_0`, ...; `None`: llama.cpp's default, F16).
+    pub type_k: Option<String>,
+    pub type_v: Option<String>,
+    /// How long one request may take before the worker is stopped.
+    pub timeout: Duration,
+    /// Pass llama.cpp's log through to stderr.
+    pub verbose: bool,
+}
+
+/// What the engine keeps of a captured graph: its ops, which a TIMED run must follow.
+#[derive(Debug, Clone)]
+struct Captured {
+    ops: Vec<u32>,
+}
+
+/// A depth sweep in progress (as the embedded engine's).
+#[derive(Debug, Clone)]
+struct SweepState {
+    chunks: u32,
+    next: [Option<u32>; 2],
+    decode: Option<(u32, u32)>,
+}
+
+/// llama.cpp in a worker process, as an [`Engine`].
+pub struct WorkerEngine {
+    proc: WorkerProcess,
+    cfg: WorkerConfig,
+    worker_hash: String,
+    loaded: Loaded,
+    n_ctx: Option<u32>,
+    work: Option<Work>,
+    chunk: Vec<i32>,
+    /// What the prepared state is: `seq0` (prefill), `full` (decode), or none (empty context).
+    state: Option<&'static str>,
+    graph: Option<Captured>,
+    decode_graph: Option<Captured>,
+    sweep: Option<SweepState>,
+    last_mode: Option<Mode>,
+}
+
+fn ctx_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Fused => "plain",
+        Mode::FusedObserved | Mode::Timed => "observed",
+    }
+}
+
+fn observe(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Fused => "none",
+        Mode::FusedObserved => "count",
+        Mode::Timed => "timed",
+    }
+}
+
+fn fields(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+/// A worker error as the engine's error: faults keep their type (the command's exit code says
+/// the worker failed), refusals are the engine's own words.
+fn engine_err(e: WorkerError) -> EngineError {
+    if e.is_fault() || matches!(e, WorkerError::Start { .. }) {
+        EngineError::Worker(e.to_string())
+    } else {
+        EngineError::Failed(e.to_string())
+    }
+}
+
+impl WorkerEngine {
+    /// Starts the worker, checks its protocol, and loads the model in it.
+    pub fn load(cfg: WorkerConfig) -> Result<WorkerEngine, WorkerError> {
+        let worker_hash = std::fs::read(&cfg.worker)
+            .map(|b| blake3::hash(&b).to_hex().to_string())
+            .map_err(|e| WorkerError::Start {
+                worker: cfg.worker.clone(),
+                why: e.to_string(),
+            })?;
+        let mut proc = WorkerProcess::start(&cfg.worker, cfg.timeout, cfg.verbose)?;
+        let loaded: Loaded = proc.request(
+            "load",
+            fields(json!({
+                "model": cfg.model.to_string_lossy(),
+                "threads": cfg.threads,
+                "gpu_layers": cfg.gpu_layers,
+                "no_repack": cfg.no_repack,
+            })),
+        )?;
+        Ok(WorkerEngine {
+            proc,
+            cfg,
+            worker_hash,
+            loaded,
+            n_ctx: None,
+            work: None,
+            chunk: Vec::new(),
+            state: None,
+            graph: None,
+            decode_graph: None,
+            sweep: None,
+            last_mode: None,
+        })
+    }
+
+    /// The worker's hello: its protocol and the llama.cpp build it was compiled against.
+    pub fn hello(&self) -> &crate::protocol::Hello {
+        self.proc.hello()
+    }
+
+    fn req<T: serde::de::DeserializeOwned>(
+        &mut self,
+        op: &str,
+        v: Value,
+    ) -> Result<T, EngineError> {
+        self.proc.request(op, fields(v)).map_err(engine_err)
+    }
+
+    fn vocab(&self) -> u32 {
+        self.loaded.n_vocab
+    }
+
+    /// New plain and observed contexts for `n_tokens` over `n_seq` sequences.
+    fn contexts(
+        &mut self,
+        n_tokens: u64,
+        chunk_tokens: u32,
+        n_seq: u32,
+    ) -> Result<(), EngineError> {
+        if chunk_tokens == 0 {
+            return Err(EngineError::Failed("the chunk has no tokens".into()));
+        }
+        // llama.cpp pads the context to 256 cells
+        let n_ctx = u32::try_from(n_tokens.max(1).div_ceil(256) * 256).map_err(|_| {
+            EngineError::Failed(format!("a context of {n_tokens} tokens is too large"))
+        })?;
+        let ubatch = self
+            .cfg
+            .ubatch
+            .unwrap_or(chunk_tokens)
+            .clamp(1, chunk_tokens.max(1));
+        let c: Contexts = self.req(
+            "contexts",
+            json!({
+                "n_ctx": n_ctx,
+                "n_batch": chunk_tokens,
+                "n_ubatch": ubatch,
+                "n_seq_max": n_seq.max(1),
+                "kv_unified": n_seq > 1,
+                "flash_attn": self.cfg.flash_attn,
+                "type_k": self.cfg.type_k,
+                "type_v": self.cfg.type_v,
+            }),
+        )?;
+        self.n_ctx = Some(c.n_ctx);
+        self.graph = None;
+        self.sweep = None;
+        self.state = None;
+        Ok(())
+    }
+
+    /// A decode of `tokens` on sequence 0 at `pos0` in `mode`'s context (no restore).
+    fn decode(
+        &mut self,
+        mode: Mode,
+        tokens: &[i32],
+        pos0: u32,
+        all_logits: bool,
+        observe_as: &str,
+    ) -> Result<Decoded, EngineError> {
+        self.req(
+            "decode",
+            json!({"ctx": ctx_name(mode), "observe": observe_as, "tokens": tokens,
+                   "pos0": pos0, "all_logits": all_logits}),
+        )
+    }
+
+    /// One decode step: token `tokens[s]` for sequence `first_seq + s` at `pos`.
+    fn step(
+        &mut self,
+        mode: Mode,
+        tokens: &[i32],
+        pos: u32,
+        first_seq: u32,
+        observe_as: &str,
+    ) -> Result<Decoded, EngineError> {
+        self.req(
+            "step",
+            json!({"ctx": ctx_name(mode), "observe": observe_as, "tokens": tokens,
+                   "pos": pos, "first_seq": first_seq}),
+        )
+    }
+
+    /// Restores the prepared state into `ctx` (an empty context where there is none).
+    fn restore(&mut self, ctx: &str) -> Result<(), EngineError> {
+        match self.state {
+            Some(scope) => {
+                let _: Done = self.req(
+                    "restore",
+                    json!({"ctx": ctx, "scope": scope, "from": "plain"}),
+                )?;
+            }
+            None => {
+                let _: Done = self.req("clear", json!({"ctx": ctx}))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The check "outputs finite", as every engine applies it.
+    fn check_finite(what: &str, d: &Decoded) -> Result<(), EngineError> {
+        if d.non_finite > 0 {
+            return Err(EngineError::NonFiniteOutputs {
+                what: what.to_string(),
+                non_finite: d.non_finite,
+                values: d.values,
+            });
+        }
+        Ok(())
+    }
+
+    /// The run's timing checked against the captured graph (as the embedded engine's); a graph
+    /// that changed between runs is the worker's failure.
+    fn timing(
+        &self,
+        mode: Mode,
+        d: &Decoded,
+        graph: Option<&Captured>,
+        hash: u64,
+    ) -> Result<ChunkTiming, EngineError> {
+        self.timing_inner(mode, d, graph, hash)
+            .map_err(|e| match e {
+                EngineError::GraphChanged(why) => EngineError::Worker(format!(
+                    "the llama.cpp worker {}: the graph changed between runs: {why}",
+                    self.cfg.worker.display()
+                )),
+                e => e,
+            })
+    }
+
+    fn timing_inner(
+        &self,
+        mode: Mode,
+        d: &Decoded,
+        graph: Option<&Captured>,
+        hash: u64,
+    ) -> Result<ChunkTiming, EngineError> {
+        let wall_ms = d.wall_ns as f64 / 1e6;
+        if mode == Mode::Fused {
+            return Ok(ChunkTiming {
+                wall_ms,
+                node_us: Vec::new(),
+                nodes_seen: 0,
+                output_hash: hash,
+            });
+        }
+        let nodes_seen = d.nodes_seen.ok_or_else(|| {
+            EngineError::Worker(format!(
+                "the llama.cpp worker {}: an observed run without its node count",
+                self.cfg.worker.display()
+            ))
+        })?;
+        if let Some(g) = graph {
+            if nodes_seen as usize != g.ops.len() {
+                return Err(EngineError::GraphChanged(format!(
+                    "{} mode saw {nodes_seen} nodes, the captured graph has {}",
+                    mode.label(),
+                    g.ops.len()
+                )));
+            }
+        }
+        let mut node_us = Vec::new();
+        if mode == Mode::Timed {
+            let ns = d.node_ns.as_deref().unwrap_or(&[]);
+            if ns.len() != nodes_seen as usize {
+                return Err(EngineError::GraphChanged(format!(
+                    "TIMED mode asked about {nodes_seen} nodes but observed {}",
+                    ns.len()
+                )));
+            }
+            if let (Some(g), Some(ops)) = (graph, d.ops.as_ref()) {
+                if *ops != g.ops {
+                    let at = g.ops.iter().zip(ops).position(|(a, b)| a != b).unwrap_or(0);
+                    return Err(EngineError::GraphChanged(format!(
+                        "TIMED mode computed a different op at node {at} than the captured graph"
+                    )));
+                }
+            }
+            node_us = ns.iter().map(|&n| n as f64 / 1e3).collect();
+        }
+        Ok(ChunkTiming {
+            wall_ms,
+            node_us,
+            nodes_seen,
+            output_hash: hash,
+        })
+    }
+
+    /// A prefill run: restore, decode the chunk, hash as the embedded engine does.
+    fn run_chunk(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("run() before prepare()".into()))?;
+        self.restore(ctx_name(mode))?;
+        let chunk = std::mem::take(&mut self.chunk);
+        let d = self.decode(
+            mode,
+            &chunk,
+            work.depth_tokens,
+            work.all_logits,
+            observe(mode),
+        );
+        self.chunk = chunk;
+        let d = d?;
+        Self::check_finite(&format!("the {} run", mode.label()), &d)?;
+        let hash = if work.all_logits {
+            d.row_hashes.iter().fold(0u64, |h, r| h.rotate_left(5) ^ r)
+        } else {
+            d.row_hashes.first().copied().unwrap_or(0)
+        };
+        let graph = self.graph.clone();
+        self.timing(mode, &d, graph.as_ref(), hash)
+    }
+
+    /// Decode steps from `depth`: `steps` tokens per sequence, node times summed over the steps.
+    #[allow(clippy::too_many_arguments)]
+    fn run_steps(
+        &mut self,
+        mode: Mode,
+        steps: u32,
+        tokens_of: &dyn Fn(u32) -> Vec<i32>,
+        pos_of: &dyn Fn(u32) -> u32,
+        first_seq: u32,
+        graph: Option<&Captured>,
+        what: &str,
+    ) -> Result<ChunkTiming, EngineError> {
+        let mut total = ChunkTiming {
+            wall_ms: 0.0,
+            node_us: Vec::new(),
+            nodes_seen: 0,
+            output_hash: 0,
+        };
+        for step in 0..steps {
+            let tokens = tokens_of(step);
+            let d = self.step(mode, &tokens, pos_of(step), first_seq, observe(mode))?;
+            Self::check_finite(
+                &format!("decode step {step} of the {} {what}", mode.label()),
+                &d,
+            )?;
+            let hash = d.row_hashes.iter().fold(0u64, |h, r| h.rotate_left(7) ^ r);
+            let t = self.timing(mode, &d, graph, hash)?;
+            total.wall_ms += t.wall_ms;
+            total.output_hash = total.output_hash.rotate_left(3) ^ t.output_hash;
+            total.nodes_seen = t.nodes_seen;
+            if total.node_us.is_empty() {
+                total.node_us = t.node_us;
+            } else {
+                for (acc, v) in total.node_us.iter_mut().zip(&t.node_us) {
+                    *acc += v;
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    fn run_decode(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("run() before prepare()".into()))?;
+        self.restore(ctx_name(mode))?;
+        let vocab = self.vocab();
+        let graph = self.graph.clone();
+        let w = work.clone();
+        self.run_steps(
+            mode,
+            work.decode_tokens,
+            &|step| decode_step_tokens(w.token_seed, w.depth_tokens, step, w.parallel, vocab),
+            &|step| w.depth_tokens + step,
+            0,
+            graph.as_ref(),
+            "run",
+        )
+    }
+
+    fn prepare_decode(&mut self, work: &Work) -> Result<(), EngineError> {
+        let n_seq = work.parallel.max(1);
+        let fill_batch = work.chunk_tokens.max(n_seq).max(1);
+        let needed = work.depth_tokens as u64 + n_seq as u64 * work.decode_tokens as u64 + 1;
+        self.contexts(needed, fill_batch, n_seq)?;
+        let _: Done = self.req("clear", json!({"ctx": "plain"}))?;
+        if work.depth_tokens > 0 {
+            let fill = filler_tokens(work.token_seed, 0, work.depth_tokens, self.vocab());
+            self.decode(Mode::Fused, &fill, 0, false, "none")?;
+            for s in 1..n_seq {
+                let _: Done = self.req("seq_cp", json!({"ctx": "plain", "src": 0, "dst": s}))?;
+            }
+            let _: Saved = self.req("save", json!({"ctx": "plain", "scope": "full"}))?;
+            self.state = Some("full");
+        }
+        self.chunk = Vec::new();
+        self.work = Some(work.clone());
+        Ok(())
+    }
+
+    fn sweep_tokens(&self, work: &Work, index: u32) -> Result<(Vec<i32>, u32), EngineError> {
+        let pos0 = index
+            .checked_mul(work.chunk_tokens)
+            .ok_or_else(|| EngineError::Failed(format!("chunk {index} lies beyond 2^32 tokens")))?;
+        Ok((
+            filler_tokens(work.token_seed, pos0, work.chunk_tokens, self.vocab()),
+            pos0,
+        ))
+    }
+
+    fn capture(&self, d: &Decoded) -> Result<(Vec<NodeInfo>, Captured), EngineError> {
+        let wire = d.nodes.as_deref().ok_or_else(|| {
+            EngineError::Worker(format!(
+                "the llama.cpp worker {}: a capture without its nodes",
+                self.cfg.worker.display()
+            ))
+        })?;
+        let nodes = crate::protocol::node_infos(wire, false).map_err(|why| {
+            EngineError::Worker(format!(
+                "the llama.cpp worker {}: {why}",
+                self.cfg.worker.display()
+            ))
+        })?;
+        let ops = nodes.iter().map(|n| n.op_code.unwrap_or(0)).collect();
+        Ok((nodes, Captured { ops }))
+    }
+}
+
+impl Engine for WorkerEngine {
+    fn info(&self) -> EngineInfo {
+        let h = self.proc.hello();
+        let l = &h.llama;
+        let mut settings = BTreeMap::new();
+        settings.insert("flash_attn".into(), self.cfg.flash_attn.clone());
+        settings.insert("gpu_layers".into(), self.cfg.gpu_layers.to_string());
+        settings.insert("swa_full".into(), "false".into());
+        settings.insert("weight_repack".into(), (!self.cfg.no_repack).to_string());
+        if let Some(u) = self.cfg.ubatch {
+            settings.insert("ubatch".into(), u.to_string());
+        }
+        if let Some(t) = &self.cfg.type_k {
+            settings.insert("type_k".into(), t.clone());
+        }
+        if let Some(t) = &self.cfg.type_v {
+            settings.insert("type_v".into(), t.clone());
+        }
+        settings.insert("system_info".into(), l.system_info.clone());
+        settings.insert("model_description".into(), self.loaded.description.clone());
+        if let Some(n) = self.n_ctx {
+            settings.insert("n_ctx".into(), n.to_string());
+        }
+        settings.insert("worker".into(), self.cfg.worker.display().to_string());
+        settings.insert("worker_blake3".into(), self.worker_hash.clone());
+        settings.insert("worker_protocol".into(), h.version.to_string());
+        settings.insert("llama_commit".into(), l.commit.clone());
+        settings.insert("llama_build".into(), l.build.clone());
+        settings.insert("ggml_commit".into(), l.ggml_commit.clone());
+        settings.insert("compiler".into(), l.compiler.clone());
+        settings.insert("build_options".into(), l.build_options.clone());
+        settings.insert("backends".into(), l.backends.join(","));
+        let devices: Vec<String> = l
+            .devices
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} ({}, {}, {:.1} GiB)",
+                    d.name,
+                    d.description,
+                    d.kind,
+                    d.memory_total as f64 / (1u64 << 30) as f64
+                )
+            })
+            .collect();
+        settings.insert("devices".into(), devices.join("; "));
+        let gpu = l.devices.iter().find(|d| d.kind == "gpu");
+        EngineInfo {
+            engine: "llama.cpp".into(),
+            version: format!("worker: {}", h.build_label()),
+            backend: match gpu {
+                Some(d) if self.cfg.gpu_layers != 0 => d.name.clone(),
+                _ => "CPU".into(),
+            },
+            threads: self.cfg.threads,
+            settings,
+        }
+    }
+
+    fn prepare(&mut self, work: &Work) -> Result<(), EngineError> {
+        if work.is_decode() {
+            return self.prepare_decode(work);
+        }
+        let needed = work.depth_tokens as u64 + work.chunk_tokens as u64;
+        self.contexts(needed, work.chunk_tokens, 1)?;
+        let _: Done = self.req("clear", json!({"ctx": "plain"}))?;
+        if work.depth_tokens > 0 {
+            let fill = filler_tokens(work.token_seed, 0, work.depth_tokens, self.vocab());
+            self.decode(Mode::Fused, &fill, 0, false, "none")?;
+            let _: Saved = self.req("save", json!({"ctx": "plain", "scope": "seq0"}))?;
+            self.state = Some("seq0");
+        }
+        self.chunk = filler_tokens(
+            work.token_seed,
+            work.depth_tokens,
+            work.chunk_tokens,
+            self.vocab(),
+        );
+        self.work = Some(work.clone());
+        Ok(())
+    }
+
+    fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("graph() before prepare()".into()))?;
+        self.restore("observed")?;
+        let d = if work.is_decode() {
+            let tokens = decode_step_tokens(
+                work.token_seed,
+                work.depth_tokens,
+                0,
+                work.parallel,
+                self.vocab(),
+            );
+            self.step(
+                Mode::FusedObserved,
+                &tokens,
+                work.depth_tokens,
+                0,
+                "capture",
+            )?
+        } else {
+            let chunk = std::mem::take(&mut self.chunk);
+            let d = self.decode(
+                Mode::FusedObserved,
+                &chunk,
+                work.depth_tokens,
+                work.all_logits,
+                "capture",
+            );
+            self.chunk = chunk;
+            d?
+        };
+        let (nodes, captured) = self.capture(&d)?;
+        self.graph = Some(captured);
+        Ok(nodes)
+    }
+
+    fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
+        self.last_mode = Some(mode);
+        if self.work.as_ref().is_some_and(|w| w.is_decode()) {
+            self.run_decode(mode)
+        } else {
+            self.run_chunk(mode)
+        }
+    }
+
+    fn supports(&self, c: Capability) -> bool {
+        matches!(
+            c,
+            Capability::Decode | Capability::Logits | Capability::Sweep | Capability::GraphCapture
+        )
+    }
+
+    fn logits(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
+        let (Some(mode), Some(work)) = (self.last_mode, self.work.clone()) else {
+            return Err(EngineError::Failed("logits() before a run".into()));
+        };
+        let rows: Vec<i32> = if work.is_decode() {
+            (0..work.parallel.max(1) as i32).collect()
+        } else {
+            vec![-1]
+        };
+        let l: Logits = self.req("logits", json!({"ctx": ctx_name(mode), "rows": rows}))?;
+        Ok(l.rows
+            .into_iter()
+            .map(|r| r.into_iter().map(|v| v.unwrap_or(f32::NAN)).collect())
+            .collect())
+    }
+
+    fn load_ms(&self) -> Option<f64> {
+        Some(self.loaded.load_ms)
+    }
+
+    fn as_sweep(&mut self) -> Option<&mut dyn SweepEngine> {
+        Some(self)
+    }
+
+    fn as_graph_capturer(&mut self) -> Option<&mut dyn GraphCapturer> {
+        Some(self)
+    }
+}
+
+impl SweepEngine for WorkerEngine {
+    fn prepare_sweep(
+        &mut self,
+        work: &Work,
+        chunks: u32,
+        decode: Option<(u32, u32)>,
+    ) -> Result<(), EngineError> {
+        if chunks == 0 {
+            return Err(EngineError::Failed("a sweep of no chunks".into()));
+        }
+        let (steps, parallel) = decode.unwrap_or((0, 0));
+        let needed = chunks as u64 * work.chunk_tokens as u64
+            + steps as u64 * parallel as u64
+            + u64::from(decode.is_some());
+        self.contexts(needed, work.chunk_tokens, 1 + parallel)?;
+        let first = Work {
+            depth_tokens: 0,
+            ..work.clone()
+        };
+        self.chunk = self.sweep_tokens(&first, 0)?.0;
+        self.state = None;
+        self.work = Some(first);
+        self.sweep = Some(SweepState {
+            chunks,
+            next: [None, None],
+            decode,
+        });
+        Ok(())
+    }
+
+    fn start_pass(&mut self, mode: Mode, first_chunk: u32) -> Result<(), EngineError> {
+        let Some(chunks) = self.sweep.as_ref().map(|s| s.chunks) else {
+            return Err(EngineError::Failed(
+                "start_pass() before prepare_sweep()".into(),
+            ));
+        };
+        if first_chunk > chunks {
+            return Err(EngineError::Failed(format!(
+                "a pass starting at chunk {first_chunk} of {chunks}"
+            )));
+        }
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("no work".into()))?;
+        let fill = filler_tokens(
+            work.token_seed,
+            0,
+            first_chunk * work.chunk_tokens,
+            self.vocab(),
+        );
+        let _: Done = self.req("clear", json!({"ctx": ctx_name(mode)}))?;
+        if !fill.is_empty() {
+            let obs = if mode == Mode::Fused { "none" } else { "count" };
+            self.decode(mode, &fill, 0, false, obs)?;
+        }
+        if let Some(s) = self.sweep.as_mut() {
+            s.next[usize::from(mode != Mode::Fused)] = Some(first_chunk);
+        }
+        Ok(())
+    }
+
+    fn pass_chunk(&mut self, mode: Mode, index: u32) -> Result<ChunkTiming, EngineError> {
+        let slot = usize::from(mode != Mode::Fused);
+        match &self.sweep {
+            Some(s) if s.next[slot] == Some(index) && index < s.chunks => {}
+            other => {
+                return Err(EngineError::Failed(format!(
+                    "pass_chunk({}, {index}) out of order (sweep state {other:?})",
+                    mode.label()
+                )))
+            }
+        }
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("no work".into()))?;
+        let (tokens, pos0) = self.sweep_tokens(&work, index)?;
+        let d = self.decode(mode, &tokens, pos0, work.all_logits, observe(mode))?;
+        Self::check_finite(&format!("the {} run", mode.label()), &d)?;
+        let hash = if work.all_logits {
+            d.row_hashes.iter().fold(0u64, |h, r| h.rotate_left(5) ^ r)
+        } else {
+            d.row_hashes.first().copied().unwrap_or(0)
+        };
+        if let Some(s) = self.sweep.as_mut() {
+            s.next[slot] = Some(index + 1);
+        }
+        let graph = self.graph.clone();
+        self.timing(mode, &d, graph.as_ref(), hash)
+    }
+
+    fn pass_decode(
+        &mut self,
+        mode: Mode,
+        after_chunk: u32,
+        steps: u32,
+        parallel: u32,
+    ) -> Result<ChunkTiming, EngineError> {
+        let slot = usize::from(mode != Mode::Fused);
+        match &self.sweep {
+            Some(s)
+                if s.next[slot] == Some(after_chunk + 1) && s.decode == Some((steps, parallel)) => {
+            }
+            other => {
+                return Err(EngineError::Failed(format!(
+                    "pass_decode({}, {after_chunk}) out of order (sweep state {other:?})",
+                    mode.label()
+                )))
+            }
+        }
+        if mode != Mode::Fused && self.decode_graph.is_none() {
+            return Err(EngineError::Failed(
+                "pass_decode() before sweep_decode_graph()".into(),
+            ));
+        }
+        let work = self
+            .work
+            .clone()
+            .ok_or_else(|| EngineError::Failed("no work".into()))?;
+        let vocab = self.vocab();
+        let depth = (after_chunk + 1) * work.chunk_tokens;
+        let ctx = ctx_name(mode);
+        for s in 1..=parallel {
+            let _: Done = self.req("seq_cp", json!({"ctx": ctx, "src": 0, "dst": s}))?;
+        }
+        let graph = self.decode_graph.clone();
+        let seed = work.token_seed;
+        let result = self.run_steps(
+            mode,
+            steps,
+            &|step| sweep_step_tokens(seed, depth + step, parallel, vocab),
+            &|step| depth + step,
+            1,
+            graph.as_ref(),
+            "decode step",
+        );
+        // the pass continues from sequence 0 as it was
+        for s in 1..=parallel {
+            let _: Done = self.req("seq_rm", json!({"ctx": ctx, "seq": s}))?;
+        }
+        result
+    }
+
+    fn sweep_decode_graph(&mut self, parallel: u32) -> Result<Vec<NodeInfo>, EngineError> {
+        let work = self.work.clone().ok_or_else(|| {
+            EngineError::Failed("sweep_decode_graph() before prepare_sweep()".into())
+        })?;
+        if self.sweep.as_ref().and_then(|s| s.decode).is_none() {
+            return Err(EngineError::Failed(
+                "sweep_decode_graph() on a sweep prepared without decode steps".into(),
+            ));
+        }
+        let vocab = self.vocab();
+        let (chunk, pos0) = self.sweep_tokens(&work, 0)?;
+        let tokens = sweep_step_tokens(work.token_seed, pos0 + work.chunk_tokens, parallel, vocab);
+        let _: Done = self.req("clear", json!({"ctx": "observed"}))?;
+        self.decode(Mode::FusedObserved, &chunk, pos0, false, "count")?;
+        for s in 1..=parallel {
+            let _: Done = self.req("seq_cp", json!({"ctx": "observed", "src": 0, "dst": s}))?;
+        }
+        let d = self.step(
+            Mode::FusedObserved,
+            &tokens,
+            pos0 + work.chunk_tokens,
+            1,
+            "capture",
+        )?;
+        let _: Done = self.req("clear", json!({"ctx": "observed"}))?;
+        let (nodes, captured) = self.capture(&d)?;
+        self.decode_graph = Some(captured);
+        if let Some(s) = self.sweep.as_mut() {
+            s.next = [None, None];
+        }
+        Ok(nodes)
+    }
+}
+
+impl GraphCapturer for WorkerEngine {
+    /// The graph of `work` described by a decode that stops after its first node (the worker's
+    /// abort callback), after filling the context to the depth; the whole chunk is run where the
+    /// capture did not reach the logits.
+    fn capture_graph(&mut self, work: &Work) -> Result<GraphCapture, EngineError> {
+        let t0 = Instant::now();
+        let needed = work.depth_tokens as u64 + work.chunk_tokens.max(1) as u64;
+        self.contexts(needed, work.chunk_tokens, 1)?;
+        self.work = None;
+        let vocab = self.vocab();
+        let _: Done = self.req("clear", json!({"ctx": "observed"}))?;
+        if work.depth_tokens > 0 {
+            let fill = filler_tokens(work.token_seed, 0, work.depth_tokens, vocab);
+            self.decode(Mode::FusedObserved, &fill, 0, false, "count")?;
+            let _: Saved = self.req("save", json!({"ctx": "observed", "scope": "seq0"}))?;
+        }
+        let chunk = filler_tokens(work.token_seed, work.depth_tokens, work.chunk_tokens, vocab);
+        let d: Decoded = self.req(
+            "decode",
+            json!({"ctx": "observed", "observe": "capture", "tokens": chunk,
+                   "pos0": work.depth_tokens, "all_logits": work.all_logits,
+                   "abort_after_first": true}),
+        )?;
+        let (mut nodes, _) = self.capture(&d)?;
+        let mut computed = if d.aborted { 1 } else { nodes.len() as u32 };
+        if !nodes.last().is_some_and(|n| n.name == "result_output") {
+            if work.depth_tokens > 0 {
+                let _: Done = self.req("restore", json!({"ctx": "observed", "scope": "seq0"}))?;
+            } else {
+                let _: Done = self.req("clear", json!({"ctx": "observed"}))?;
+            }
+            let d = self.decode(
+                Mode::FusedObserved,
+                &chunk,
+                work.depth_tokens,
+                work.all_logits,
+                "capture",
+            )?;
+            nodes = self.capture(&d)?.0;
+            computed = nodes.len() as u32;
+        }
+        self.graph = None;
+        Ok(GraphCapture {
+            nodes,
+            filled_tokens: work.depth_tokens,
+            chunk_nodes_computed: computed,
+            wall_ms: t0.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+}

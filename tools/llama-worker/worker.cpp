@@ -1,0 +1,1108 @@
+// opledger-llama-worker: the measurement worker opledger drives over a pipe, compiled inside the
+// user's own llama.cpp tree. It loads, captures, runs, times and hashes; it never bands,
+// summarises or judges (that is opledger's). The protocol is PROTOCOL.md beside this file.
+//
+// Only llama.cpp's public headers are used (llama.h, which brings ggml.h, ggml-cpu.h and
+// ggml-backend.h).
+
+#include "llama.h"
+
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#ifndef OPLEDGER_WORKER_LLAMA_COMMIT
+#define OPLEDGER_WORKER_LLAMA_COMMIT "unknown"
+#endif
+#ifndef OPLEDGER_WORKER_LLAMA_BUILD
+#define OPLEDGER_WORKER_LLAMA_BUILD "unknown"
+#endif
+#ifndef OPLEDGER_WORKER_BUILD_OPTIONS
+#define OPLEDGER_WORKER_BUILD_OPTIONS ""
+#endif
+
+static const int PROTOCOL_VERSION = 1;
+
+// ---------------------------------------------------------------------------------------------
+// A small JSON value and parser (requests are small objects; answers are written by hand).
+
+struct Json {
+    enum Kind { Null, Bool, Num, Str, Arr, Obj } kind = Null;
+    bool b = false;
+    double num = 0;
+    std::string str;
+    std::vector<Json> arr;
+    std::map<std::string, Json> obj;
+
+    const Json * get(const std::string & key) const {
+        if (kind != Obj) {
+            return nullptr;
+        }
+        auto it = obj.find(key);
+        return it == obj.end() ? nullptr : &it->second;
+    }
+};
+
+struct Parser {
+    const std::string & s;
+    size_t i = 0;
+
+    explicit Parser(const std::string & text) : s(text) {}
+
+    [[noreturn]] void fail(const char * what) const {
+        throw std::runtime_error(std::string("request is not valid JSON: ") + what + " at byte " +
+                                 std::to_string(i));
+    }
+
+    void ws() {
+        while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\r' || s[i] == '\n')) {
+            i++;
+        }
+    }
+
+    bool lit(const char * w) {
+        size_t n = strlen(w);
+        if (s.compare(i, n, w) == 0) {
+            i += n;
+            return true;
+        }
+        return false;
+    }
+
+    Json value(int depth) {
+        if (depth > 16) {
+            fail("nested too deep");
+        }
+        ws();
+        if (i >= s.size()) {
+            fail("unexpected end");
+        }
+        Json v;
+        char c = s[i];
+        if (c == '{') {
+            v.kind = Json::Obj;
+            i++;
+            ws();
+            if (i < s.size() && s[i] == '}') {
+                i++;
+                return v;
+            }
+            for (;;) {
+                ws();
+                if (i >= s.size() || s[i] != '"') {
+                    fail("expected a key");
+                }
+                std::string k = string();
+                ws();
+                if (i >= s.size() || s[i] != ':') {
+                    fail("expected ':'");
+                }
+                i++;
+                v.obj[k] = value(depth + 1);
+                ws();
+                if (i < s.size() && s[i] == ',') {
+                    i++;
+                    continue;
+                }
+                if (i < s.size() && s[i] == '}') {
+                    i++;
+                    return v;
+                }
+                fail("expected ',' or '}'");
+            }
+        }
+        if (c == '[') {
+            v.kind = Json::Arr;
+            i++;
+            ws();
+            if (i < s.size() && s[i] == ']') {
+                i++;
+                return v;
+            }
+            for (;;) {
+                v.arr.push_back(value(depth + 1));
+                ws();
+                if (i < s.size() && s[i] == ',') {
+                    i++;
+                    continue;
+                }
+                if (i < s.size() && s[i] == ']') {
+                    i++;
+                    return v;
+                }
+                fail("expected ',' or ']'");
+            }
+        }
+        if (c == '"') {
+            v.kind = Json::Str;
+            v.str = string();
+            return v;
+        }
+        if (lit("true")) {
+            v.kind = Json::Bool;
+            v.b = true;
+            return v;
+        }
+        if (lit("false")) {
+            v.kind = Json::Bool;
+            return v;
+        }
+        if (lit("null")) {
+            return v;
+        }
+        if (c == '-' || (c >= '0' && c <= '9')) {
+            size_t start = i;
+            i++;
+            while (i < s.size() && (isdigit((unsigned char) s[i]) || s[i] == '.' || s[i] == 'e' ||
+                                    s[i] == 'E' || s[i] == '+' || s[i] == '-')) {
+                i++;
+            }
+            v.kind = Json::Num;
+            v.num = strtod(s.substr(start, i - start).c_str(), nullptr);
+            return v;
+        }
+        fail("unexpected character");
+    }
+
+    std::string string() {
+        std::string out;
+        i++;  // the opening quote
+        while (i < s.size() && s[i] != '"') {
+            if (s[i] == '\\') {
+                i++;
+                if (i >= s.size()) {
+                    fail("unterminated escape");
+                }
+                switch (s[i]) {
+                    case 'n': out += '\n'; break;
+                    case 't': out += '\t'; break;
+                    case 'r': out += '\r'; break;
+                    case 'b': out += '\b'; break;
+                    case 'f': out += '\f'; break;
+                    case 'u': {
+                        if (i + 4 >= s.size()) {
+                            fail("short \\u escape");
+                        }
+                        unsigned cp = (unsigned) strtoul(s.substr(i + 1, 4).c_str(), nullptr, 16);
+                        i += 4;
+                        if (cp < 0x80) {
+                            out += (char) cp;
+                        } else if (cp < 0x800) {
+                            out += (char) (0xC0 | (cp >> 6));
+                            out += (char) (0x80 | (cp & 0x3F));
+                        } else {
+                            out += (char) (0xE0 | (cp >> 12));
+                            out += (char) (0x80 | ((cp >> 6) & 0x3F));
+                            out += (char) (0x80 | (cp & 0x3F));
+                        }
+                        break;
+                    }
+                    default: out += s[i];
+                }
+                i++;
+            } else {
+                out += s[i++];
+            }
+        }
+        if (i >= s.size()) {
+            fail("unterminated string");
+        }
+        i++;  // the closing quote
+        return out;
+    }
+};
+
+static Json parse_json(const std::string & line) {
+    Parser p(line);
+    Json v = p.value(0);
+    p.ws();
+    if (p.i != line.size()) {
+        p.fail("trailing characters");
+    }
+    return v;
+}
+
+// Request fields: a missing or mistyped field is an error naming it.
+static const Json & field(const Json & req, const char * key, Json::Kind kind) {
+    const Json * v = req.get(key);
+    if (v == nullptr) {
+        throw std::runtime_error(std::string("field '") + key + "' is missing");
+    }
+    if (v->kind != kind) {
+        throw std::runtime_error(std::string("field '") + key + "' has the wrong type");
+    }
+    return *v;
+}
+
+static int64_t int_field(const Json & req, const char * key) {
+    double d = field(req, key, Json::Num).num;
+    if (d != std::floor(d) || std::fabs(d) > 9.0e15) {
+        throw std::runtime_error(std::string("field '") + key + "' is not an integer");
+    }
+    return (int64_t) d;
+}
+
+static bool bool_field(const Json & req, const char * key, bool fallback) {
+    const Json * v = req.get(key);
+    if (v == nullptr || v->kind == Json::Null) {
+        return fallback;
+    }
+    if (v->kind != Json::Bool) {
+        throw std::runtime_error(std::string("field '") + key + "' is not a boolean");
+    }
+    return v->b;
+}
+
+static std::string str_field(const Json & req, const char * key, const char * fallback) {
+    const Json * v = req.get(key);
+    if (v == nullptr || v->kind == Json::Null) {
+        return fallback;
+    }
+    if (v->kind != Json::Str) {
+        throw std::runtime_error(std::string("field '") + key + "' is not a string");
+    }
+    return v->str;
+}
+
+static std::vector<int32_t> ints_field(const Json & req, const char * key) {
+    const Json & a = field(req, key, Json::Arr);
+    std::vector<int32_t> out;
+    out.reserve(a.arr.size());
+    for (const Json & v : a.arr) {
+        if (v.kind != Json::Num || v.num != std::floor(v.num) || std::fabs(v.num) > 2147483647.0) {
+            throw std::runtime_error(std::string("field '") + key + "' holds a non-integer");
+        }
+        out.push_back((int32_t) v.num);
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing answers.
+
+static void json_str(std::string & out, const char * s) {
+    out += '"';
+    for (const char * p = s; *p; p++) {
+        unsigned char c = (unsigned char) *p;
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += (char) c;
+        } else if (c < 0x20) {
+            char buf[8];
+            snprintf(buf, sizeof buf, "\\u%04x", c);
+            out += buf;
+        } else {
+            out += (char) c;
+        }
+    }
+    out += '"';
+}
+
+static void json_str(std::string & out, const std::string & s) { json_str(out, s.c_str()); }
+
+static void json_u64(std::string & out, uint64_t v) { out += std::to_string(v); }
+
+static void json_f32(std::string & out, float v) {
+    if (!std::isfinite(v)) {
+        out += "null";
+        return;
+    }
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.9g", (double) v);
+    out += buf;
+}
+
+// ---------------------------------------------------------------------------------------------
+// llama.cpp's log: kept in a ring (the last lines go into error answers), printed when verbose.
+
+static std::deque<std::string> g_log;
+static bool g_verbose = false;
+
+static void log_cb(ggml_log_level level, const char * text, void * /*user*/) {
+    (void) level;
+    if (g_verbose) {
+        fputs(text, stderr);
+    }
+    if (g_log.empty() || (!g_log.back().empty() && g_log.back().back() == '\n')) {
+        g_log.emplace_back();
+    }
+    g_log.back() += text;
+    while (g_log.size() > 16) {
+        g_log.pop_front();
+    }
+}
+
+static std::string log_tail(size_t n) {
+    std::string out;
+    size_t start = g_log.size() > n ? g_log.size() - n : 0;
+    for (size_t k = start; k < g_log.size(); k++) {
+        std::string line = g_log[k];
+        while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) {
+            line.pop_back();
+        }
+        if (line.empty()) {
+            continue;
+        }
+        if (!out.empty()) {
+            out += " | ";
+        }
+        out += line;
+    }
+    return out.empty() ? "llama.cpp said nothing" : out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The instrument (the eval callback).
+
+enum class Observe { Count, Capture, Timed };
+
+static uint64_t now_ns() {
+    return (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+static const char * device_name(const ggml_tensor * t) {
+    const ggml_tensor * m = (t->buffer == nullptr && t->view_src != nullptr) ? t->view_src : t;
+    if (m->buffer == nullptr) {
+        return nullptr;
+    }
+    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(m->buffer);
+    ggml_backend_dev_t dev = buft ? ggml_backend_buft_get_device(buft) : nullptr;
+    if (dev == nullptr) {
+        return ggml_backend_buffer_name(m->buffer);
+    }
+    return ggml_backend_dev_name(dev);
+}
+
+struct Observer {
+    Observe mode = Observe::Count;
+    uint32_t nodes_seen = 0;
+    std::vector<uint64_t> timed_ns;
+    std::vector<uint64_t> gap_ns;
+    std::vector<int> ops;
+    std::unordered_map<const ggml_tensor *, uint32_t> producers;
+    std::string captured;  // the nodes as JSON objects, comma-separated
+    uint64_t t_ask = 0;
+    uint64_t last_end = 0;
+
+    void reset(Observe m) {
+        mode = m;
+        nodes_seen = 0;
+        timed_ns.clear();
+        gap_ns.clear();
+        ops.clear();
+        producers.clear();
+        captured.clear();
+        t_ask = 0;
+        last_end = 0;
+    }
+
+    void tensor(std::string & out, const ggml_tensor * t) const {
+        out += "{\"name\":";
+        json_str(out, t->name);
+        out += ",\"ne\":[";
+        for (int k = 0; k < 4; k++) {
+            out += (k ? "," : "") + std::to_string(t->ne[k]);
+        }
+        out += "],\"nb\":[";
+        for (int k = 0; k < 4; k++) {
+            out += (k ? "," : "") + std::to_string(t->nb[k]);
+        }
+        out += "],\"type\":";
+        json_str(out, ggml_type_name(t->type));
+        out += ",\"bytes\":";
+        json_u64(out, (uint64_t) ggml_nbytes(t));
+        bool weight = t->buffer != nullptr &&
+                      ggml_backend_buffer_get_usage(t->buffer) == GGML_BACKEND_BUFFER_USAGE_WEIGHTS;
+        out += weight ? ",\"weight\":true" : ",\"weight\":false";
+        auto it = producers.find(t);
+        if (it != producers.end()) {
+            out += ",\"producer\":" + std::to_string(it->second);
+        }
+        out += "}";
+    }
+
+    void capture(const ggml_tensor * t, uint32_t index) {
+        std::string & out = captured;
+        if (!out.empty()) {
+            out += ",";
+        }
+        out += "{\"op\":";
+        json_str(out, ggml_op_desc(t));
+        out += ",\"code\":" + std::to_string((int) t->op);
+        out += ",\"out\":";
+        tensor(out, t);
+        out += ",\"srcs\":[";
+        int last = -1;
+        for (int k = 0; k < GGML_MAX_SRC; k++) {
+            if (t->src[k] != nullptr) {
+                last = k;
+            }
+        }
+        for (int k = 0; k <= last; k++) {
+            if (k) {
+                out += ",";
+            }
+            if (t->src[k] == nullptr) {
+                out += "null";
+            } else {
+                tensor(out, t->src[k]);
+            }
+        }
+        out += "],\"view_src\":";
+        out += t->view_src != nullptr ? "true" : "false";
+#ifdef OPLEDGER_WORKER_HAS_FLAG_COMPUTE
+        out += (t->flags & GGML_TENSOR_FLAG_COMPUTE) ? ",\"compute\":true" : ",\"compute\":false";
+#else
+        out += ",\"compute\":true";
+#endif
+        out += ",\"params\":[";
+        int n = GGML_MAX_OP_PARAMS / (int) sizeof(int32_t);
+        while (n > 0 && t->op_params[n - 1] == 0) {
+            n--;
+        }
+        for (int k = 0; k < n; k++) {
+            out += (k ? "," : "") + std::to_string(t->op_params[k]);
+        }
+        out += "],\"device\":";
+        const char * dev = device_name(t);
+        if (dev) {
+            json_str(out, dev);
+        } else {
+            out += "null";
+        }
+        out += "}";
+        producers[t] = index;
+    }
+
+    bool on_eval(ggml_tensor * t, bool ask) {
+        switch (mode) {
+            case Observe::Count:
+                if (ask) {
+                    nodes_seen++;
+                    return false;
+                }
+                return true;
+            case Observe::Capture:
+                if (ask) {
+                    capture(t, nodes_seen);
+                    ops.push_back((int) t->op);
+                    nodes_seen++;
+                    return false;
+                }
+                return true;
+            case Observe::Timed:
+                if (ask) {
+                    nodes_seen++;
+                    uint64_t now = now_ns();
+                    gap_ns.push_back(last_end ? now - last_end : 0);
+                    t_ask = now;
+                    return true;
+                } else {
+                    uint64_t now = now_ns();
+                    timed_ns.push_back(t_ask ? now - t_ask : 0);
+                    t_ask = 0;
+                    last_end = now;
+                    ops.push_back((int) t->op);
+                    return true;
+                }
+        }
+        return true;
+    }
+};
+
+static bool eval_cb(ggml_tensor * t, bool ask, void * user) {
+    if (t == nullptr || user == nullptr) {
+        return false;
+    }
+    return static_cast<Observer *>(user)->on_eval(t, ask);
+}
+
+static bool abort_cb(void * data) { return data != nullptr && *static_cast<bool *>(data); }
+
+// ---------------------------------------------------------------------------------------------
+// The worker's state: one model, one thread pool, two contexts (plain: no callback; observed:
+// the instrument), one saved state per context.
+
+struct Ctx {
+    llama_context * ctx = nullptr;
+    std::unique_ptr<Observer> obs;
+    std::unique_ptr<bool> abort_flag;
+    std::vector<uint8_t> state;
+    bool state_full = false;
+    bool has_state = false;
+    uint32_t n_batch = 0;
+};
+
+struct Worker {
+    llama_model * model = nullptr;
+    ggml_threadpool * pool = nullptr;
+    int threads = 0;
+    Ctx plain;
+    Ctx observed;
+    int32_t n_vocab = 0;
+
+    ~Worker() {
+        free_contexts();
+        if (model) {
+            llama_model_free(model);
+        }
+        if (pool) {
+            ggml_threadpool_free(pool);
+        }
+    }
+
+    void free_ctx(Ctx & c) {
+        if (c.ctx) {
+            llama_detach_threadpool(c.ctx);
+            llama_free(c.ctx);
+            c.ctx = nullptr;
+        }
+        c.obs.reset();
+        c.abort_flag.reset();
+        c.state.clear();
+        c.has_state = false;
+    }
+
+    void free_contexts() {
+        free_ctx(plain);
+        free_ctx(observed);
+    }
+
+    Ctx & pick(const Json & req) {
+        std::string name = str_field(req, "ctx", "");
+        Ctx * c = name == "plain" ? &plain : name == "observed" ? &observed : nullptr;
+        if (c == nullptr) {
+            throw std::runtime_error("field 'ctx' must be \"plain\" or \"observed\"");
+        }
+        if (c->ctx == nullptr) {
+            throw std::runtime_error("no contexts: send 'contexts' first");
+        }
+        return *c;
+    }
+
+    void pause() {
+        if (pool) {
+            ggml_threadpool_pause(pool);
+        }
+    }
+};
+
+static ggml_type kv_type(const std::string & s) {
+    static const std::pair<const char *, ggml_type> types[] = {
+        {"f32", GGML_TYPE_F32},   {"f16", GGML_TYPE_F16},   {"bf16", GGML_TYPE_BF16},
+        {"q8_0", GGML_TYPE_Q8_0}, {"q4_0", GGML_TYPE_Q4_0}, {"q4_1", GGML_TYPE_Q4_1},
+        {"q5_0", GGML_TYPE_Q5_0}, {"q5_1", GGML_TYPE_Q5_1},
+    };
+    for (const auto & t : types) {
+        if (s == t.first) {
+            return t.second;
+        }
+    }
+    throw std::runtime_error("unknown KV cache type '" + s + "'");
+}
+
+// FNV-1a over the bit patterns of a row of logits, little-endian bytes (opledger's hash_f32).
+static uint64_t hash_row(const float * v, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t k = 0; k < n; k++) {
+        uint32_t bits;
+        memcpy(&bits, &v[k], 4);
+        for (int b = 0; b < 4; b++) {
+            h ^= (bits >> (8 * b)) & 0xFF;
+            h *= 0x100000001b3ULL;
+        }
+    }
+    return h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests.
+
+static std::string hello() {
+    std::string out = "{\"protocol\":\"opledger-llama-worker\",\"version\":";
+    out += std::to_string(PROTOCOL_VERSION);
+    out += ",\"llama\":{\"commit\":";
+    json_str(out, OPLEDGER_WORKER_LLAMA_COMMIT);
+    out += ",\"build\":";
+    json_str(out, OPLEDGER_WORKER_LLAMA_BUILD);
+    out += ",\"ggml_version\":";
+    json_str(out, ggml_version());
+    out += ",\"ggml_commit\":";
+    json_str(out, ggml_commit());
+    out += ",\"compiler\":";
+#if defined(__clang__)
+    json_str(out, std::string("clang ") + __clang_version__);
+#elif defined(__GNUC__)
+    json_str(out, std::string("gcc ") + __VERSION__);
+#else
+    json_str(out, "unknown");
+#endif
+    out += ",\"build_options\":";
+    json_str(out, OPLEDGER_WORKER_BUILD_OPTIONS);
+    out += ",\"system_info\":";
+    json_str(out, llama_print_system_info());
+    out += ",\"backends\":[";
+    for (size_t k = 0; k < ggml_backend_reg_count(); k++) {
+        out += k ? "," : "";
+        json_str(out, ggml_backend_reg_name(ggml_backend_reg_get(k)));
+    }
+    out += "],\"devices\":[";
+    for (size_t k = 0; k < ggml_backend_dev_count(); k++) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(k);
+        size_t free_b = 0, total_b = 0;
+        ggml_backend_dev_memory(d, &free_b, &total_b);
+        const char * kind = "cpu";
+        switch (ggml_backend_dev_type(d)) {
+            case GGML_BACKEND_DEVICE_TYPE_CPU: kind = "cpu"; break;
+            case GGML_BACKEND_DEVICE_TYPE_GPU: kind = "gpu"; break;
+            default: kind = "other"; break;
+        }
+        out += k ? "," : "";
+        out += "{\"name\":";
+        json_str(out, ggml_backend_dev_name(d));
+        out += ",\"description\":";
+        json_str(out, ggml_backend_dev_description(d));
+        out += ",\"type\":";
+        json_str(out, kind);
+        out += ",\"memory_total\":";
+        json_u64(out, total_b);
+        out += ",\"memory_free\":";
+        json_u64(out, free_b);
+        out += "}";
+    }
+    out += "]}}";
+    return out;
+}
+
+static void op_load(Worker & w, const Json & req, std::string & out) {
+    if (w.model) {
+        throw std::runtime_error("a model is already loaded");
+    }
+    std::string path = field(req, "model", Json::Str).str;
+    int64_t threads = int_field(req, "threads");
+    if (threads < 1 || threads > 4096) {
+        throw std::runtime_error("field 'threads' must be 1 to 4096");
+    }
+    llama_model_params p = llama_model_default_params();
+    p.n_gpu_layers = (int32_t) int_field(req, "gpu_layers");
+    if (bool_field(req, "no_repack", false)) {
+        p.use_extra_bufts = false;
+    }
+    uint64_t t0 = now_ns();
+    w.model = llama_model_load_from_file(path.c_str(), p);
+    if (w.model == nullptr) {
+        throw std::runtime_error("llama.cpp refused the model '" + path + "' (" + log_tail(3) + ")");
+    }
+    double load_ms = (double) (now_ns() - t0) / 1e6;
+    ggml_threadpool_params tp = ggml_threadpool_params_default((int) threads);
+    w.pool = ggml_threadpool_new(&tp);
+    if (w.pool == nullptr) {
+        throw std::runtime_error("ggml could not create a thread pool of " +
+                                 std::to_string(threads) + " threads");
+    }
+    w.threads = (int) threads;
+    w.n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(w.model));
+    char desc[256] = {0};
+    llama_model_desc(w.model, desc, sizeof desc);
+    out += ",\"n_vocab\":" + std::to_string(w.n_vocab);
+    out += ",\"n_layer\":" + std::to_string(llama_model_n_layer(w.model));
+    out += ",\"description\":";
+    json_str(out, desc);
+    char ms[32];
+    snprintf(ms, sizeof ms, "%.3f", load_ms);
+    out += ",\"load_ms\":";
+    out += ms;
+}
+
+static void make_ctx(Worker & w, Ctx & c, const Json & req, bool instrumented) {
+    llama_context_params p = llama_context_default_params();
+    p.n_ctx = (uint32_t) int_field(req, "n_ctx");
+    p.n_batch = (uint32_t) int_field(req, "n_batch");
+    p.n_ubatch = (uint32_t) int_field(req, "n_ubatch");
+    p.n_seq_max = (uint32_t) int_field(req, "n_seq_max");
+    p.kv_unified = bool_field(req, "kv_unified", false);
+    // llama.cpp's own tools keep a sliding-window cache of the window plus one batch
+    p.swa_full = false;
+    std::string fa = str_field(req, "flash_attn", "auto");
+    if (fa == "auto") {
+        p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_AUTO;
+    } else if (fa == "on") {
+        p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    } else if (fa == "off") {
+        p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    } else {
+        throw std::runtime_error("field 'flash_attn' must be auto, on or off");
+    }
+    std::string tk = str_field(req, "type_k", "");
+    std::string tv = str_field(req, "type_v", "");
+    if (!tk.empty()) {
+        p.type_k = kv_type(tk);
+    }
+    if (!tv.empty()) {
+        p.type_v = kv_type(tv);
+    }
+    p.n_threads = w.threads;
+    p.n_threads_batch = w.threads;
+    p.no_perf = true;
+    if (instrumented) {
+        c.obs.reset(new Observer());
+        p.cb_eval = eval_cb;
+        p.cb_eval_user_data = c.obs.get();
+    }
+    c.ctx = llama_init_from_model(w.model, p);
+    if (c.ctx == nullptr) {
+        c.obs.reset();
+        throw std::runtime_error("llama.cpp could not create a context (" + log_tail(3) + ")");
+    }
+    llama_attach_threadpool(c.ctx, w.pool, w.pool);
+    c.abort_flag.reset(new bool(false));
+    llama_set_abort_callback(c.ctx, abort_cb, c.abort_flag.get());
+    c.n_batch = p.n_batch;
+}
+
+static void op_contexts(Worker & w, const Json & req, std::string & out) {
+    if (!w.model) {
+        throw std::runtime_error("no model: send 'load' first");
+    }
+    w.free_contexts();
+    make_ctx(w, w.plain, req, false);
+    make_ctx(w, w.observed, req, true);
+    out += ",\"n_ctx\":" + std::to_string(llama_n_ctx(w.observed.ctx));
+}
+
+static Observe observe_of(const std::string & s) {
+    if (s == "count") {
+        return Observe::Count;
+    }
+    if (s == "capture") {
+        return Observe::Capture;
+    }
+    if (s == "timed") {
+        return Observe::Timed;
+    }
+    throw std::runtime_error("field 'observe' must be count, capture or timed");
+}
+
+// One llama_decode of `entries` (token, pos, seq, logits); the wall of the call and its
+// synchronisation is added to wall_ns. Returns llama_decode's code.
+static int decode_batch(Ctx & c, const std::vector<int32_t> & tokens, const std::vector<int32_t> & pos,
+                        const std::vector<int32_t> & seq, const std::vector<int8_t> & logits,
+                        uint64_t & wall_ns) {
+    int n = (int) tokens.size();
+    llama_batch b = llama_batch_init(n, 0, 1);
+    for (int k = 0; k < n; k++) {
+        b.token[k] = tokens[k];
+        b.pos[k] = pos[k];
+        b.n_seq_id[k] = 1;
+        b.seq_id[k][0] = seq[k];
+        b.logits[k] = logits[k];
+    }
+    b.n_tokens = n;
+    uint64_t t0 = now_ns();
+    int code = llama_decode(c.ctx, b);
+    llama_synchronize(c.ctx);
+    wall_ns += now_ns() - t0;
+    llama_batch_free(b);
+    return code;
+}
+
+// "decode": sequence 0, tokens at pos0.., in batches of n_batch; logits of the last token or of
+// every token. "step": one token per sequence first_seq.. at one position, logits for each.
+static void op_decode(Worker & w, const Json & req, std::string & out, bool step) {
+    Ctx & c = w.pick(req);
+    std::vector<int32_t> tokens = ints_field(req, "tokens");
+    if (tokens.empty()) {
+        throw std::runtime_error("an empty batch");
+    }
+    for (int32_t t : tokens) {
+        if (t < 0 || t >= w.n_vocab) {
+            throw std::runtime_error("token " + std::to_string(t) + " lies outside the vocabulary of " +
+                                     std::to_string(w.n_vocab));
+        }
+    }
+    std::string observe = str_field(req, "observe", "none");
+    bool abort_first = bool_field(req, "abort_after_first", false);
+    if (observe != "none") {
+        if (!c.obs) {
+            throw std::runtime_error("the plain context has no instrument");
+        }
+        c.obs->reset(observe_of(observe));
+    } else if (c.obs) {
+        c.obs->reset(Observe::Count);
+    }
+    *c.abort_flag = abort_first;
+    uint64_t wall_ns = 0;
+    int code = 0;
+    int rows = 0;
+    if (step) {
+        int64_t pos = int_field(req, "pos");
+        int64_t first_seq = int_field(req, "first_seq");
+        std::vector<int32_t> p(tokens.size(), (int32_t) pos), s(tokens.size());
+        std::vector<int8_t> l(tokens.size(), 1);
+        for (size_t k = 0; k < tokens.size(); k++) {
+            s[k] = (int32_t) (first_seq + (int64_t) k);
+        }
+        code = decode_batch(c, tokens, p, s, l, wall_ns);
+        rows = (int) tokens.size();
+    } else {
+        int64_t pos0 = int_field(req, "pos0");
+        bool all = bool_field(req, "all_logits", false);
+        bool none = bool_field(req, "no_logits", false);
+        size_t nb = c.n_batch ? c.n_batch : tokens.size();
+        for (size_t start = 0; start < tokens.size() && code == 0; start += nb) {
+            size_t n = std::min(nb, tokens.size() - start);
+            std::vector<int32_t> t(tokens.begin() + start, tokens.begin() + start + n), p(n), s(n, 0);
+            std::vector<int8_t> l(n, 0);
+            bool last_part = start + n == tokens.size();
+            for (size_t k = 0; k < n; k++) {
+                p[k] = (int32_t) (pos0 + (int64_t) (start + k));
+                l[k] = !none && (all || (last_part && k + 1 == n));
+            }
+            code = decode_batch(c, t, p, s, l, wall_ns);
+            rows = none ? 0 : all ? (int) n : 1;
+        }
+    }
+    *c.abort_flag = false;
+    w.pause();
+    if (code == 2 && abort_first) {
+        out += ",\"aborted\":true";
+    } else if (code != 0) {
+        throw std::runtime_error("llama_decode returned " + std::to_string(code) + " (" + log_tail(2) + ")");
+    }
+    out += ",\"wall_ns\":";
+    json_u64(out, wall_ns);
+    // the requested rows: hashed, and counted where not finite
+    out += ",\"row_hashes\":[";
+    uint64_t non_finite = 0, values = 0;
+    if (code == 0) {
+        for (int r = 0; r < rows; r++) {
+            int idx = step ? r : (rows == 1 ? -1 : r);
+            const float * row = llama_get_logits_ith(c.ctx, idx);
+            if (row == nullptr) {
+                throw std::runtime_error("no logits for output row " + std::to_string(idx));
+            }
+            for (int32_t k = 0; k < w.n_vocab; k++) {
+                non_finite += !std::isfinite(row[k]);
+            }
+            values += (uint64_t) w.n_vocab;
+            out += r ? "," : "";
+            json_u64(out, hash_row(row, (size_t) w.n_vocab));
+        }
+    }
+    out += "],\"non_finite\":";
+    json_u64(out, non_finite);
+    out += ",\"values\":";
+    json_u64(out, values);
+    if (c.obs) {
+        Observer & o = *c.obs;
+        out += ",\"nodes_seen\":" + std::to_string(o.nodes_seen);
+        if (o.mode == Observe::Timed) {
+            out += ",\"node_ns\":[";
+            for (size_t k = 0; k < o.timed_ns.size(); k++) {
+                out += k ? "," : "";
+                json_u64(out, o.timed_ns[k]);
+            }
+            out += "],\"gap_ns\":[";
+            for (size_t k = 0; k < o.gap_ns.size(); k++) {
+                out += k ? "," : "";
+                json_u64(out, o.gap_ns[k]);
+            }
+            out += "]";
+        }
+        if (o.mode != Observe::Count) {
+            out += ",\"ops\":[";
+            for (size_t k = 0; k < o.ops.size(); k++) {
+                out += (k ? "," : "") + std::to_string(o.ops[k]);
+            }
+            out += "]";
+        }
+        if (o.mode == Observe::Capture) {
+            out += ",\"nodes\":[" + o.captured + "]";
+            o.captured.clear();
+            o.producers.clear();
+        }
+    }
+}
+
+static void op_state(Worker & w, const Json & req, std::string & out, bool save) {
+    Ctx & c = w.pick(req);
+    std::string scope = str_field(req, "scope", "");
+    if (scope != "seq0" && scope != "full") {
+        throw std::runtime_error("field 'scope' must be seq0 or full");
+    }
+    bool full = scope == "full";
+    if (save) {
+        size_t size = full ? llama_state_get_size(c.ctx) : llama_state_seq_get_size(c.ctx, 0);
+        c.state.assign(size, 0);
+        size_t written = full ? llama_state_get_data(c.ctx, c.state.data(), size)
+                              : llama_state_seq_get_data(c.ctx, c.state.data(), size, 0);
+        if (written != size) {
+            throw std::runtime_error("wrote " + std::to_string(written) + " of " + std::to_string(size) +
+                                     " bytes of state");
+        }
+        c.state_full = full;
+        c.has_state = true;
+        out += ",\"bytes\":" + std::to_string(size);
+        return;
+    }
+    // restore: from this context's saved state, or the other context's ("from")
+    std::string from = str_field(req, "from", "");
+    Ctx * src = &c;
+    if (from == "plain") {
+        src = &w.plain;
+    } else if (from == "observed") {
+        src = &w.observed;
+    } else if (!from.empty()) {
+        throw std::runtime_error("field 'from' must be plain or observed");
+    }
+    if (!src->has_state || src->state_full != full) {
+        throw std::runtime_error("no saved " + scope + " state to restore");
+    }
+    llama_memory_clear(llama_get_memory(c.ctx), true);
+    if (src->state.empty()) {
+        return;
+    }
+    size_t read = full ? llama_state_set_data(c.ctx, src->state.data(), src->state.size())
+                       : llama_state_seq_set_data(c.ctx, src->state.data(), src->state.size(), 0);
+    if (read == 0) {
+        throw std::runtime_error("llama.cpp refused the saved state (" + log_tail(2) + ")");
+    }
+}
+
+static void op_logits(Worker & w, const Json & req, std::string & out) {
+    Ctx & c = w.pick(req);
+    std::vector<int32_t> rows = ints_field(req, "rows");
+    out += ",\"rows\":[";
+    for (size_t r = 0; r < rows.size(); r++) {
+        const float * row = llama_get_logits_ith(c.ctx, rows[r]);
+        if (row == nullptr) {
+            throw std::runtime_error("no logits for output row " + std::to_string(rows[r]));
+        }
+        out += r ? ",[" : "[";
+        for (int32_t k = 0; k < w.n_vocab; k++) {
+            if (k) {
+                out += ",";
+            }
+            json_f32(out, row[k]);
+        }
+        out += "]";
+    }
+    out += "]";
+}
+
+static void handle(Worker & w, const Json & req, std::string & out) {
+    std::string op = field(req, "op", Json::Str).str;
+    if (op == "load") {
+        op_load(w, req, out);
+    } else if (op == "contexts") {
+        op_contexts(w, req, out);
+    } else if (op == "clear") {
+        llama_memory_clear(llama_get_memory(w.pick(req).ctx), true);
+    } else if (op == "decode") {
+        op_decode(w, req, out, false);
+    } else if (op == "step") {
+        op_decode(w, req, out, true);
+    } else if (op == "save") {
+        op_state(w, req, out, true);
+    } else if (op == "restore") {
+        op_state(w, req, out, false);
+    } else if (op == "seq_cp") {
+        Ctx & c = w.pick(req);
+        llama_memory_seq_cp(llama_get_memory(c.ctx), (llama_seq_id) int_field(req, "src"),
+                            (llama_seq_id) int_field(req, "dst"), -1, -1);
+    } else if (op == "seq_rm") {
+        Ctx & c = w.pick(req);
+        int64_t seq = int_field(req, "seq");
+        if (!llama_memory_seq_rm(llama_get_memory(c.ctx), (llama_seq_id) seq, -1, -1)) {
+            throw std::runtime_error("llama.cpp could not remove sequence " + std::to_string(seq));
+        }
+    } else if (op == "logits") {
+        op_logits(w, req, out);
+    } else {
+        throw std::runtime_error("unknown op '" + op + "'");
+    }
+}
+
+int main(int argc, char ** argv) {
+    for (int k = 1; k < argc; k++) {
+        if (strcmp(argv[k], "--verbose") == 0) {
+            g_verbose = true;
+        } else if (strcmp(argv[k], "--hello") == 0) {
+            // print the hello line and exit (what `opledger worker-info` shows)
+        } else {
+            fprintf(stderr, "usage: %s [--verbose] [--hello]\n(driven by opledger over stdin/stdout; see PROTOCOL.md)\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    llama_log_set(log_cb, nullptr);
+    ggml_backend_load_all();
+    llama_backend_init();
+    std::ios::sync_with_stdio(false);
+    {
+        std::string h = hello();
+        fwrite(h.data(), 1, h.size(), stdout);
+        fputc('\n', stdout);
+        fflush(stdout);
+    }
+    for (int k = 1; k < argc; k++) {
+        if (strcmp(argv[k], "--hello") == 0) {
+            llama_backend_free();
+            return 0;
+        }
+    }
+    int status = 0;
+    {
+    Worker w;
+    std::string line;
+    while (std::getline(std::cin, line)) {
+        if (line.empty()) {
+            continue;
+        }
+        std::string out = "{\"id\":";
+        bool quit = false;
+        try {
+            Json req = parse_json(line);
+            if (req.kind != Json::Obj) {
+                throw std::runtime_error("a request is a JSON object");
+            }
+            out += std::to_string(int_field(req, "id"));
+            out += ",\"ok\":true";
+            std::string op = field(req, "op", Json::Str).str;
+            if (op == "quit") {
+                quit = true;
+            } else {
+                handle(w, req, out);
+            }
+        } catch (const std::exception & e) {
+            // an error answer replaces whatever the request had written
+            size_t id_end = out.find(",\"ok\"");
+            std::string head = id_end == std::string::npos ? std::string("{\"id\":null") : out.substr(0, id_end);
+            out = head + ",\"ok\":false,\"error\":";
+            json_str(out, e.what());
+        }
+        out += "}\n";
+        fwrite(out.data(), 1, out.size(), stdout);
+        fflush(stdout);
+        if (quit) {
+            break;
+        }
+    }
+    }
+    llama_backend_free();
+    return status;
+}
