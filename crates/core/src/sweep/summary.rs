@@ -506,7 +506,14 @@ pub fn summarise_sweep_with_decode(
     if rows.is_empty() {
         return Err(SweepError::Empty);
     }
-    let prefill = phase_summary(cfg, index, &by_depth, rows, cfg.work.chunk_tokens, (0, 1))?;
+    let prefill = phase_summary(
+        index,
+        &by_depth,
+        rows,
+        cfg.work.chunk_tokens,
+        (0, 1),
+        cfg.max_depth(),
+    )?;
     let mut decode_summary = None;
     let mut decode_mismatched = 0;
     if let (Some(d), Some((dgraph, dindex))) = (cfg.decode, decode) {
@@ -531,12 +538,13 @@ pub fn summarise_sweep_with_decode(
         );
         if !rows.is_empty() {
             decode_summary = Some(phase_summary(
-                cfg,
                 dindex,
                 &by_depth,
                 rows,
                 dtok as u32,
                 (d.steps, d.parallel),
+                // the decode steps after the last chunk start a chunk deeper than it
+                cfg.decode_depth_of(cfg.chunks.saturating_sub(1)),
             )?);
         }
     }
@@ -699,14 +707,15 @@ fn worst_text(w: Option<(u32, f64)>) -> String {
     }
 }
 
-/// Fits, attention by kind and the crossover of one phase.
+/// Fits, attention by kind and the crossover of one phase; `max_depth` is the phase's deepest
+/// depth (its crossover is searched up to it, and beyond it is extrapolated).
 fn phase_summary(
-    cfg: &SweepConfig,
     index: &SweepIndex,
     by_depth: &DepthCycles,
     rows: Vec<DepthRow>,
     tokens: u32,
     (steps, parallel): (u32, u32),
+    max_depth: u32,
 ) -> Result<PhaseSummary, SweepError> {
     let x: Vec<f64> = rows.iter().map(|d| d.depth as f64).collect();
     let mut fits = Vec::new();
@@ -724,7 +733,7 @@ fn phase_summary(
         .enumerate()
         .map(|(k, &(kind, window, layers))| kind_series(&rows, k, kind, window, layers))
         .collect::<Result<Vec<_>, SweepError>>()?;
-    let crossover = crossover_of(index, by_depth, &rows, &fits, cfg.max_depth());
+    let crossover = crossover_of(index, by_depth, &rows, &fits, max_depth);
     let n = rows.len() as f64;
     let mean_abs = rows.iter().map(|d| d.agreement.abs()).sum::<f64>() / n;
     let mean_abs_corrected = rows

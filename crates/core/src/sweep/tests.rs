@@ -484,6 +484,33 @@ fn decode_steps_follow_every_chunk_with_their_isolation_removed() {
 }
 
 #[test]
+fn a_decode_crossover_past_the_last_prefill_depth_is_measured_not_extrapolated() {
+    // attention 0.1 + 3e-4 x L, the MoE flat at 1.42: they cross at L = 4400, past the last
+    // prefill depth (8 x 512 = 4096) but before the decode steps after it (9 x 512 = 4608)
+    let (graph, rules, idx) = mock_graph();
+    let mut e = DepthMock::new(0.1, 3e-4, 1.42);
+    let c = decode_cfg(9, 2);
+    let mut store = MemoryStore::default();
+    sweep(&mut e, &c, &mut store).unwrap();
+    let s = summarise_sweep_with_decode(
+        &c,
+        &rules,
+        &graph,
+        &idx,
+        Some((&graph, &idx)),
+        &store.records,
+        &store.passes,
+    )
+    .unwrap();
+    assert_eq!(s.crossover.as_ref().unwrap().status, "beyond");
+    let x = s.decode.as_ref().unwrap().crossover.as_ref().unwrap();
+    assert_eq!(x.status, "within", "{}", x.text);
+    assert!((x.depth.unwrap() - 4400.0).abs() < 1.0, "{:?}", x.depth);
+    assert_eq!(x.first_measured_depth, Some(4608));
+    assert!(!x.text.contains("extrapolated"), "{}", x.text);
+}
+
+#[test]
 fn a_node_by_node_decode_calibration_removes_each_node_s_own_isolation() {
     // the attention node pays 40 µs a step to be isolated, the MoE node 4: the average (22)
     // would leave the MoE band 18 µs a step too high and the attention band 18 too low
