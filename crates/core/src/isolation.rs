@@ -26,6 +26,10 @@ pub struct Removed {
     /// The remainder taken from every working node, µs per node (negative: the calibration
     /// took too much, and this is given back).
     pub remainder_us: f64,
+    /// Per node: a working node whose TIMED time was below what the calibration or the
+    /// remainder took from it, so that it was stopped at 0 there. Its time is a lower bound: the
+    /// node did work that the corrected figures do not show.
+    pub clamped: Vec<bool>,
 }
 
 /// Removes the isolation from one TIMED run's node times: `calibrated_us(i)` is what isolating
@@ -52,11 +56,17 @@ pub fn remove_isolation(
     let calibrated_sum_us: f64 = calibrated.iter().sum();
     let n_working = working.iter().filter(|&&w| w).count();
     let has_wall = wall_us.is_finite() && wall_us > 0.0;
+    let calibration_clamped: Vec<bool> = node_us
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| working[i] && v < calibrated_us(i))
+        .collect();
     if n_working == 0 || !has_wall || !calibrated_sum_us.is_finite() {
         return Removed {
             times_us: calibrated,
             calibrated_sum_us,
             remainder_us: 0.0,
+            clamped: calibration_clamped,
         };
     }
     let left = |r: f64| -> f64 {
@@ -92,6 +102,12 @@ pub fn remove_isolation(
             .collect(),
         calibrated_sum_us,
         remainder_us,
+        clamped: calibrated
+            .iter()
+            .zip(working)
+            .zip(&calibration_clamped)
+            .map(|((&c, &w), &k)| k || (w && c < remainder_us))
+            .collect(),
     }
 }
 
@@ -127,6 +143,19 @@ mod tests {
             close(r.times_us[0], 0.0) && close(r.times_us[1], 91.0),
             "{r:?}"
         );
+        // the small node is marked: its 0 hides the work it did
+        assert_eq!(r.clamped, [true, false]);
+    }
+
+    #[test]
+    fn a_node_below_its_calibration_is_marked_clamped() {
+        // 3 µs TIMED against 5 µs calibrated: 0 left, marked; the other keeps 25 of 30
+        let r = remove_isolation(&[3.0, 30.0, 1.0], &[true, true, false], &|_| 5.0, 0.0);
+        assert_eq!(r.times_us, [0.0, 25.0, 0.0]);
+        assert_eq!(r.clamped, [true, false, false]);
+        // the same with a wall: clamped by the calibration stays marked
+        let r = remove_isolation(&[3.0, 30.0, 1.0], &[true, true, false], &|_| 5.0, 25.0);
+        assert_eq!(r.clamped, [true, false, false]);
     }
 
     #[test]
@@ -135,6 +164,7 @@ mod tests {
         assert!(close(r.calibrated_sum_us, 32.0));
         assert!(close(r.remainder_us, -4.0));
         assert!(close(r.times_us[0], 10.0) && close(r.times_us[1], 30.0));
+        assert_eq!(r.clamped, [false, false]);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use opledger_core::manifest::Manifest;
-use opledger_core::profile::{CheckStatus, ProfileSummary};
+use opledger_core::profile::{BandRow, CheckStatus, ProfileSummary};
 
 use crate::table::{markdown_table, text_table, Align};
 
@@ -36,7 +36,7 @@ pub(crate) fn band_rows(s: &ProfileSummary) -> Vec<Vec<String>> {
                 format!("{:.4}", b.ms_per_token),
                 format!("{:.4}–{:.4}", b.ms_per_token_min, b.ms_per_token_max),
                 format!("{:.1} %", b.share * 100.0),
-                format!("{:.4}", b.ms_per_token_corrected),
+                corrected_cell(b),
                 b.nodes.to_string(),
                 b.working_nodes.to_string(),
             ]
@@ -61,6 +61,19 @@ pub(crate) fn band_rows(s: &ProfileSummary) -> Vec<Vec<String>> {
         (s.nodes - s.view_nodes).to_string(),
     ]);
     rows
+}
+
+/// A band's corrected ms/token, marked where removing the isolation stopped some of its working
+/// nodes at 0 (a lower bound then; the `corrected at 0` check says more).
+pub(crate) fn corrected_cell(b: &BandRow) -> String {
+    if b.corrected_clamped_nodes > 0 {
+        format!(
+            "{:.4} ({} nodes at 0)",
+            b.ms_per_token_corrected, b.corrected_clamped_nodes
+        )
+    } else {
+        format!("{:.4}", b.ms_per_token_corrected)
+    }
 }
 
 pub(crate) fn mark(status: CheckStatus) -> &'static str {
@@ -397,6 +410,7 @@ pub fn bands_csv(s: &ProfileSummary) -> Result<String, csv::Error> {
         "tokens",
         "depth_tokens",
         "fused_ms",
+        "corrected_clamped_nodes",
     ])?;
     for b in &s.bands {
         w.write_record([
@@ -412,6 +426,7 @@ pub fn bands_csv(s: &ProfileSummary) -> Result<String, csv::Error> {
             s.tokens.to_string(),
             s.depth_tokens.to_string(),
             format!("{:.6}", s.fused_ms),
+            b.corrected_clamped_nodes.to_string(),
         ])?;
     }
     let bytes = w.into_inner().map_err(|e| e.into_error())?;
@@ -439,11 +454,7 @@ pub fn parallel_text(runs: &[&ProfileSummary]) -> String {
                 format!("{:.4}", s.fused_ms / s.tokens.max(1) as f64),
             ];
             for band in &bands {
-                r.push(
-                    s.band(band)
-                        .map(|b| format!("{:.4}", b.ms_per_token_corrected))
-                        .unwrap_or_default(),
-                );
+                r.push(s.band(band).map(corrected_cell).unwrap_or_default());
             }
             r.push(format!(
                 "{:+.1} % → {:+.1} %",
@@ -472,6 +483,7 @@ pub fn parallel_csv(runs: &[&ProfileSummary]) -> Result<String, csv::Error> {
         "tok_per_s",
         "agreement",
         "agreement_corrected",
+        "corrected_clamped_nodes",
     ])?;
     for s in runs {
         for b in &s.bands {
@@ -483,6 +495,7 @@ pub fn parallel_csv(runs: &[&ProfileSummary]) -> Result<String, csv::Error> {
                 format!("{:.3}", s.tok_per_s),
                 format!("{:.6}", s.agreement),
                 format!("{:.6}", s.agreement_corrected),
+                b.corrected_clamped_nodes.to_string(),
             ])?;
         }
     }

@@ -176,3 +176,42 @@ fn the_fixture_profile_passes_the_census_and_coverage() {
     assert_eq!(v.summary.coverage, 1.0);
     assert!(v.summary.audit.is_empty());
 }
+
+#[test]
+fn a_band_stopped_at_zero_by_the_isolation_removal_is_marked_in_every_format_with_bands() {
+    // the fixture's first working node calibrated far above its TIMED time: the removal stops
+    // it at 0, and each rendering that shows the corrected column says so
+    let m = fixture::manifest("profile");
+    let mut raw = fixture::profile_raw();
+    let n = raw.graph.len();
+    let first = raw.graph.iter().position(|g| g.is_working()).unwrap();
+    for c in &mut raw.cycles {
+        let mut each = vec![0.0; n];
+        each[first] = c.node_us[first] + 1.0;
+        c.isolation_us = Some(each.iter().sum::<f64>() / n as f64);
+        c.isolation_node_us = each;
+    }
+    let view = RunView::Profile(ProfileView::new(&m, &raw).unwrap());
+    let opts = RenderOptions::default();
+    for (format, marks) in [
+        (Format::Text, &["nodes at 0", "corrected at 0"][..]),
+        (Format::Md, &["nodes at 0", "corrected at 0"][..]),
+        (Format::Html, &["nodes at 0", "corrected at 0"][..]),
+        (
+            Format::Json,
+            &["\"corrected_clamped_nodes\": 1", "corrected at 0"][..],
+        ),
+        (Format::Bands, &["corrected_clamped_nodes"][..]),
+    ] {
+        let out = text(render(&view, format, &opts).unwrap());
+        for mark in marks {
+            assert!(out.contains(mark), "{} lacks {mark:?}", format.name());
+        }
+    }
+    // the bands CSV: the band's row ends with its one node stopped at 0
+    let csv = text(render(&view, Format::Bands, &opts).unwrap());
+    assert!(
+        csv.lines().skip(1).any(|l| l.ends_with(",1")),
+        "no band row has a node at 0:\n{csv}"
+    );
+}

@@ -140,6 +140,11 @@ pub struct BandRow {
     /// work is small beside its isolation; `share_corrected` is its share of the corrected sum.
     pub ms_per_token_corrected: f64,
     pub share_corrected: f64,
+    /// Working nodes of the band that removing the isolation stopped at 0 in at least one
+    /// cycle (their TIMED time was below what isolating them cost): the corrected figure is
+    /// then a lower bound, and the `corrected at 0` check warns.
+    #[serde(default)]
+    pub corrected_clamped_nodes: u32,
 }
 
 /// Nodes of one band grouped by name token, for listing what a band holds.

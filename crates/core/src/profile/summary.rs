@@ -39,7 +39,7 @@ pub fn summarise(
         fused_walls: raw.cycles.iter().map(|c| c.fused_ms).collect(),
         tok,
     };
-    let (bands, points) = band_rows(raw, rules, assignments, &est)?;
+    let (bands, points) = band_rows(raw, rules, assignments, &est, &isolation.clamped)?;
     let unassigned_ms = bands
         .iter()
         .find(|b| b.band == UNASSIGNED)
@@ -71,6 +71,7 @@ pub fn summarise(
             identical,
         },
     );
+    checks.extend(clamp_check(&bands));
     checks.extend(device_check);
     if let Some(why) = &raw.one_process_skipped {
         checks.push(super::Check {
@@ -144,6 +145,42 @@ pub fn summarise(
             Some(sample(&raw.one_process_fused_ms, "one-process FUSED walls")?.spread())
         },
         one_process_skipped: raw.one_process_skipped.clone(),
+    })
+}
+
+/// A warning where removing the isolation stopped working nodes at 0 (their TIMED time was
+/// below what isolating them cost): those bands' corrected figures are lower bounds, and a band
+/// that did work can show 0 (nothing when no node was stopped).
+fn clamp_check(bands: &[BandRow]) -> Option<super::Check> {
+    let hit: Vec<String> = bands
+        .iter()
+        .filter(|b| b.corrected_clamped_nodes > 0)
+        .map(|b| {
+            format!(
+                "{} {} of {} working nodes{}",
+                b.band,
+                b.corrected_clamped_nodes,
+                b.working_nodes,
+                if b.ms_per_token_corrected <= 0.0 {
+                    ", the whole band at 0"
+                } else {
+                    ""
+                }
+            )
+        })
+        .collect();
+    if hit.is_empty() {
+        return None;
+    }
+    Some(super::Check {
+        name: "corrected at 0".into(),
+        status: super::CheckStatus::Warn,
+        detail: format!(
+            "removing the isolation stopped working nodes at 0 in at least one cycle ({}): their \
+             TIMED time was below what isolating them cost, so those bands' corrected figures \
+             are lower bounds and understate work they did",
+            hit.join("; ")
+        ),
     })
 }
 
@@ -236,6 +273,8 @@ struct Isolation {
     remainder: Sample,
     /// Per cycle, every node's time with the isolation cost removed.
     corrected: Vec<Vec<f64>>,
+    /// Per node: a working node stopped at 0 by the removal in at least one cycle.
+    clamped: Vec<bool>,
     source: &'static str,
 }
 
@@ -252,6 +291,7 @@ fn isolation(raw: &ProfileRaw) -> Result<Isolation, SummaryError> {
     let mut corrected: Vec<Vec<f64>> = Vec::with_capacity(raw.cycles.len());
     let mut calibrated_sums = Vec::with_capacity(raw.cycles.len());
     let mut remainders = Vec::with_capacity(raw.cycles.len());
+    let mut clamped = vec![false; n];
     let working: Vec<bool> = raw.graph.iter().map(|g| g.is_working()).collect();
     let decode = raw.config.work.is_decode();
     for c in &raw.cycles {
@@ -282,6 +322,9 @@ fn isolation(raw: &ProfileRaw) -> Result<Isolation, SummaryError> {
         );
         calibrated_sums.push(removed.calibrated_sum_us);
         remainders.push(removed.remainder_us / steps);
+        for (any, &c) in clamped.iter_mut().zip(&removed.clamped) {
+            *any |= c;
+        }
         corrected.push(removed.times_us);
     }
     let cost = sample(&isolation, "isolation cost")?;
@@ -310,6 +353,7 @@ fn isolation(raw: &ProfileRaw) -> Result<Isolation, SummaryError> {
         agreement_corrected,
         remainder,
         corrected,
+        clamped,
         source,
     })
 }
@@ -423,6 +467,7 @@ fn band_rows(
     rules: &BandRules,
     assignments: &[Assignment],
     est: &Estimator<'_>,
+    clamped: &[bool],
 ) -> Result<(Vec<BandRow>, f64), SummaryError> {
     let n = raw.graph.len();
     let mut band_order: Vec<String> = rules.bands_in(assignments);
@@ -469,6 +514,7 @@ fn band_rows(
             timed_ms: e.timed.median(),
             ms_per_token_corrected: e.corrected.median(),
             share_corrected: share(e.corrected.median(), points_corrected),
+            corrected_clamped_nodes: (0..n).filter(|&i| member(i) && clamped[i]).count() as u32,
         });
     }
     Ok((bands, points))

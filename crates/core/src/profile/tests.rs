@@ -510,6 +510,79 @@ fn a_decode_remainder_is_taken_from_every_working_node_not_by_share() {
 }
 
 #[test]
+fn a_band_stopped_at_zero_by_the_isolation_removal_is_said_so() {
+    // decode of 4 steps: the MoE node's TIMED time (3 µs a step) is below its 5 µs calibrated
+    // isolation, so it is left at 0; attention keeps 148 - 20 = 128 µs, and the remainder (8 µs)
+    // brings it to the 120 µs wall. The MoE band did work yet its corrected figure is 0.
+    let nodes: [MockNode; 2] = [
+        (
+            "MUL_MAT_ID",
+            "ffn_moe_gate-0",
+            "blk.0.ffn_gate_exps.weight",
+            1.0,
+        ),
+        ("FLASH_ATTN_EXT", "__fattn__-3", "", 1.0),
+    ];
+    let e = MockEngine::new(&nodes);
+    let mut c = cfg(2);
+    c.work.decode_tokens = 4;
+    let cycle = |moe_us: f64| CycleRecord {
+        order: ORDERS[0].to_vec(),
+        fused_ms: 0.120,
+        fused_observed_ms: 0.120,
+        timed_wall_ms: 0.200,
+        node_us: vec![moe_us, 4.0 * 37.0],
+        isolation_us: Some(5.0),
+        isolation_node_us: vec![5.0, 5.0],
+    };
+    let mut raw = ProfileRaw {
+        schema_version: PROFILE_SCHEMA_VERSION,
+        config: c,
+        graph: e.graph.clone(),
+        // the second cycle's MoE node keeps 6 µs: a node stopped in one cycle counts
+        cycles: vec![cycle(4.0 * 3.0), cycle(4.0 * 10.0)],
+        output_hashes: BTreeMap::new(),
+        overhead_pairs: Vec::new(),
+        gate: Default::default(),
+        outputs_checked_finite: true,
+        node_steps: Some(4),
+        one_process_fused_ms: Vec::new(),
+        one_process_outputs: None,
+        one_process_skipped: None,
+    };
+    let rules = BandRules::builtin("qwen35moe").unwrap();
+    let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+    let s = analyse(&raw, &rules, &arch).unwrap().1;
+    let moe = s.band("moe").unwrap();
+    assert_eq!(moe.corrected_clamped_nodes, 1, "{moe:?}");
+    assert_eq!(s.band("attention").unwrap().corrected_clamped_nodes, 0);
+    let warn = s
+        .checks
+        .iter()
+        .find(|c| c.name == "corrected at 0")
+        .unwrap();
+    assert_eq!(warn.status, CheckStatus::Warn);
+    assert!(warn.detail.contains("moe 1 of 1 working nodes"), "{warn:?}");
+    assert!(!warn.detail.contains("whole band"), "{warn:?}");
+    // both cycles stopped: the whole band is at 0, and the warning says so
+    raw.cycles[1] = raw.cycles[0].clone();
+    let s = analyse(&raw, &rules, &arch).unwrap().1;
+    assert_eq!(s.band("moe").unwrap().ms_per_token_corrected, 0.0);
+    let warn = s
+        .checks
+        .iter()
+        .find(|c| c.name == "corrected at 0")
+        .unwrap();
+    assert!(warn.detail.contains("the whole band at 0"), "{warn:?}");
+    // no node below its isolation: no warning
+    raw.cycles = vec![cycle(4.0 * 17.0), cycle(4.0 * 17.0)];
+    raw.cycles.iter_mut().for_each(|c| c.fused_ms = 0.160);
+    let s = analyse(&raw, &rules, &arch).unwrap().1;
+    assert!(s.checks.iter().all(|c| c.name != "corrected at 0"));
+    assert!(s.bands.iter().all(|b| b.corrected_clamped_nodes == 0));
+}
+
+#[test]
 fn a_timed_run_of_the_wrong_length_is_refused() {
     let mut e = MockEngine::new(&NODES);
     let mut raw = measure(&mut e, &cfg(2), &mut |_, _, _| {}).unwrap();
