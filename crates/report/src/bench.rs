@@ -140,7 +140,9 @@ pub fn rows(view: &RunView) -> Vec<BenchRow> {
                         row(
                             String::new(),
                             params,
-                            test_name(s.tokens, d.depth, p.steps, p.parallel),
+                            // a split sweep's prefill shares are raw (RPC round trips in them)
+                            test_name(s.tokens, d.depth, p.steps, p.parallel)
+                                + if p.raw_split { " (raw)" } else { "" },
                             p.tokens,
                             d.depth,
                             d.tok_per_s,

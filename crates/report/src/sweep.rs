@@ -21,7 +21,15 @@ fn mark(status: CheckStatus) -> &'static str {
 /// The phases of a sweep: the prefill chunks, and the decode steps after them where measured,
 /// with their names.
 pub(crate) fn phases(s: &SweepSummary) -> Vec<(String, PhaseSummary)> {
-    let mut out = vec![(format!("prefill (pp{})", s.tokens), s.prefill())];
+    let prefill = if s.prefill_raw_split {
+        format!(
+            "prefill (pp{}; raw shares: RPC round trips included, not removed)",
+            s.tokens
+        )
+    } else {
+        format!("prefill (pp{})", s.tokens)
+    };
+    let mut out = vec![(prefill, s.prefill())];
     if let Some(d) = &s.decode {
         let shape = if d.parallel > 1 {
             format!("tg{} x{}", d.steps, d.parallel)
@@ -31,6 +39,18 @@ pub(crate) fn phases(s: &SweepSummary) -> Vec<(String, PhaseSummary)> {
         out.push((format!("decode ({shape}) after every chunk"), d.clone()));
     }
     out
+}
+
+/// A phase in the CSVs: `decode`, `prefill`, or `prefill (raw)` for a split sweep's prefill rows
+/// (RPC round trips in the shares, see [`opledger_core::sweep::SPLIT_RAW_NOTE`]).
+pub(crate) fn phase_name(p: &PhaseSummary) -> &'static str {
+    if p.steps > 0 {
+        "decode"
+    } else if p.raw_split {
+        "prefill (raw)"
+    } else {
+        "prefill"
+    }
 }
 
 /// Column names of the attention band split by layer kind: `attention:sliding_window`.
@@ -229,7 +249,7 @@ pub fn sweep_csv(s: &SweepSummary) -> Result<String, csv::Error> {
         let pk = kind_columns(p);
         for d in &p.depths {
             let mut r = vec![
-                if p.steps > 0 { "decode" } else { "prefill" }.to_string(),
+                phase_name(p).to_string(),
                 d.depth.to_string(),
                 p.tokens.to_string(),
                 format!("{:.4}", d.tok_per_s),
@@ -319,6 +339,8 @@ fn phase_chart(
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_desc(if p.steps > 0 {
             "ms per generated token"
+        } else if p.raw_split {
+            "ms per token (raw: RPC round trips included)"
         } else {
             "ms per token"
         })

@@ -215,3 +215,46 @@ fn a_band_stopped_at_zero_by_the_isolation_removal_is_marked_in_every_format_wit
         "no band row has a node at 0:\n{csv}"
     );
 }
+
+#[test]
+fn a_sweep_split_over_rpc_says_its_prefill_shares_are_raw_in_every_format() {
+    // the fixture's sweep with its second half of nodes on a remote RPC device: nothing removes
+    // their round trips from the prefill shares, and every rendering says so
+    let (cfg, mut graph, records, passes) = fixture::sweep_data();
+    let half = graph.len() / 2;
+    for n in &mut graph[half..] {
+        n.device = Some("RPC0[127.0.0.1:50052]".into());
+    }
+    let m = fixture::manifest("sweep");
+    let view = RunView::Sweep(SweepView::new(&m, &cfg, &graph, None, &records, &passes).unwrap());
+    let opts = RenderOptions::default();
+    let formats = available(&view);
+    assert!(formats.len() >= 8, "{formats:?}");
+    for format in formats {
+        let out = text(render(&view, format, &opts).unwrap());
+        assert!(
+            out.contains("raw"),
+            "the sweep's {} does not say its shares are raw",
+            format.name()
+        );
+    }
+    let RunView::Sweep(v) = &view else {
+        unreachable!()
+    };
+    let c = v
+        .summary
+        .checks
+        .iter()
+        .find(|c| c.name == "split shares")
+        .expect("a split sweep has its split-shares check");
+    assert_eq!(c.status, opledger_core::profile::CheckStatus::Warn);
+    assert!(v.summary.prefill_raw_split);
+    // the same sweep on one machine: no such check, and its renderings do not say raw
+    let (cfg, graph, records, passes) = fixture::sweep_data();
+    let local = RunView::Sweep(SweepView::new(&m, &cfg, &graph, None, &records, &passes).unwrap());
+    let RunView::Sweep(v) = &local else {
+        unreachable!()
+    };
+    assert!(v.summary.checks.iter().all(|c| c.name != "split shares"));
+    assert!(!text(render(&local, Format::Text, &opts).unwrap()).contains("raw"));
+}

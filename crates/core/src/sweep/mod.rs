@@ -17,7 +17,7 @@ pub use record::{load_folder, ChunkRecord, ChunkStore, FolderStore, MemoryStore,
 pub use run::{run_sweep, SweepProgress};
 pub use summary::{
     band_index, fully_assigned, summarise_sweep, summarise_sweep_with_decode, BandFit, Crossover,
-    DepthRow, KindSeries, PhaseSummary, SweepCost, SweepIndex, SweepSummary,
+    DepthRow, KindSeries, PhaseSummary, SweepCost, SweepIndex, SweepSummary, SPLIT_RAW_NOTE,
 };
 
 pub const SWEEP_SCHEMA_VERSION: u32 = 1;

@@ -127,7 +127,20 @@ pub struct PhaseSummary {
     pub mean_abs_agreement_corrected: f64,
     /// The depth with the largest |agreement|, and that agreement.
     pub worst_agreement: Option<(u32, f64)>,
+    /// The bands are raw shares of a graph split over RPC: every remote node's time holds a
+    /// round trip to its server that the FUSED run does not pay in the same place, and nothing
+    /// removed it (see [`SPLIT_RAW_NOTE`]). Only the prefill phase (a sweep over RPC has no
+    /// decode phase).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub raw_split: bool,
 }
+
+/// What a split sweep's rows are: raw shares with the round trips in them (a sweep over RPC
+/// measures prefill chunks only, which are apportioned as measured). A profile removes each
+/// remote node's round trip in its corrected column.
+pub const SPLIT_RAW_NOTE: &str = "prefill rows are raw shares of a graph split over RPC: each \
+    remote node's time holds a round trip to its server, which is not removed (`profile --rpc` \
+    gives the corrected column of one depth)";
 
 /// Cost of the sweep against one plain cumulative prefill to the same depth.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -166,6 +179,9 @@ pub struct SweepSummary {
     pub min_coverage: f64,
     pub cost: Option<SweepCost>,
     pub checks: Vec<Check>,
+    /// The prefill rows are raw shares of a graph split over RPC ([`PhaseSummary::raw_split`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prefill_raw_split: bool,
 }
 
 impl SweepSummary {
@@ -183,6 +199,7 @@ impl SweepSummary {
             mean_abs_agreement: self.mean_abs_agreement,
             mean_abs_agreement_corrected: self.mean_abs_agreement,
             worst_agreement: self.worst_agreement,
+            raw_split: self.prefill_raw_split,
         }
     }
 }
@@ -580,8 +597,17 @@ pub fn summarise_sweep_with_decode(
             min_coverage * 100.0
         ),
     }];
+    // a graph split over RPC: the prefill rows keep the round trips of the remote nodes
+    let split = graph
+        .iter()
+        .any(|n| n.device.as_deref().is_some_and(crate::split::is_remote));
     let mut agreement_detail = format!(
-        "prefill: mean |sum TIMED / FUSED - 1| across depths {:.2} %, worst {} (goal ≤ {:.0} %)",
+        "prefill{}: mean |sum TIMED / FUSED - 1| across depths {:.2} %, worst {} (goal ≤ {:.0} %)",
+        if split {
+            " (raw, round trips to the RPC servers included)"
+        } else {
+            ""
+        },
         prefill.mean_abs_agreement * 100.0,
         worst_text(prefill.worst_agreement),
         AGREEMENT_GOAL * 100.0
@@ -637,6 +663,13 @@ pub fn summarise_sweep_with_decode(
                 .unwrap_or_default()
         ),
     });
+    if split {
+        checks.push(Check {
+            name: "split shares".into(),
+            status: CheckStatus::Warn,
+            detail: SPLIT_RAW_NOTE.into(),
+        });
+    }
     let noisy: u32 = passes.iter().map(|p| p.noisy_chunks).sum();
     checks.push(Check {
         name: "noise".into(),
@@ -697,6 +730,7 @@ pub fn summarise_sweep_with_decode(
         min_coverage,
         cost,
         checks,
+        prefill_raw_split: split,
     })
 }
 
@@ -757,6 +791,7 @@ fn phase_summary(
         mean_abs_agreement: mean_abs,
         mean_abs_agreement_corrected: mean_abs_corrected,
         worst_agreement: worst,
+        raw_split: false,
     })
 }
 
