@@ -93,18 +93,14 @@ fn attention_grows_with_depth_and_every_depth_is_covered() {
         att["fit"]["r2"]
     );
     assert_eq!(att["flat"], false);
-    // the FFN does not depend on the context. Its fitted change across the sweep is compared with
-    // attention's rather than asserted flat: on a shared 2-core machine the MoE band of this tiny
-    // model has moved by +46 % over 17 depths in one CI run (cache pressure from the growing KV
-    // and neighbours' load), while attention's change is about +180 %.
-    let moe = fit("moe");
-    let change = |f: &serde_json::Value| f["change"].as_f64().unwrap();
-    assert!(
-        change(&att) > 3.0 * change(&moe).abs(),
-        "attention change {} against moe {}",
-        change(&att),
-        moe
-    );
+    // Nothing is asserted of the MoE band here. The method's claim, that a band which does not
+    // depend on the context is found flat under run-to-run noise, is tested where the noise is
+    // controlled (core::sweep::tests::a_flat_band_is_found_flat_and_a_growing_one_growing_
+    // under_run_to_run_noise). On this tiny model the MoE band is not flat on a shared 2-core
+    // machine (cache pressure from the growing KV cache, neighbours' load: +46 % over these 17
+    // depths in one CI run against about +180 % for attention), so a bound here either fails
+    // on a true measurement or is loose enough to let a third of attention's change into the
+    // MoE unnoticed.
     assert!(run.join("chart.svg").is_file() && run.join("depths.csv").is_file());
     assert_eq!(chunk_files(&run).len(), 17 * 2 * 3);
     // report re-renders the same summary from the stored chunks

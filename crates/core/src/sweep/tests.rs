@@ -353,6 +353,28 @@ fn the_crossover_interval_covers_the_true_crossing_under_noise() {
 }
 
 #[test]
+fn a_flat_band_is_found_flat_and_a_growing_one_growing_under_run_to_run_noise() {
+    // the shape of the CLI's sweep (17 depths, 3 cycles) with every run moved by up to ±15 %:
+    // the MoE band does not depend on depth and must be found flat, attention must not
+    let (graph, rules, idx) = mock_graph();
+    let mut e = DepthMock::new(0.1, 3e-4, 4.3);
+    e.noise = 0.15;
+    let c = cfg(17, 3);
+    let mut store = MemoryStore::default();
+    sweep(&mut e, &c, &mut store).unwrap();
+    let s = summarise_sweep(&c, &rules, &graph, &idx, &store.records, &store.passes).unwrap();
+    let fit = |band: &str| s.fits.iter().find(|f| f.band == band).unwrap();
+    let moe = fit("moe");
+    assert!(moe.flat, "{moe:?}");
+    // its fitted change is noise: the slope within 3 standard errors of zero
+    assert!(moe.fit.b.abs() <= 3.0 * moe.fit.se_b, "{moe:?}");
+    let att = fit("attention");
+    assert!(!att.flat && att.fit.b > 3.0 * att.fit.se_b, "{att:?}");
+    // 0.1 -> 0.1 + 3e-4 x 8192: attention grows about 25-fold, recovered within the noise
+    assert!((att.fit.b - 3e-4).abs() < 0.15 * 3e-4, "{att:?}");
+}
+
+#[test]
 fn no_crossover_up_to_the_last_depth() {
     let (graph, rules, idx) = mock_graph();
     let mut e = DepthMock::new(0.1, 3e-4, 4.3);
