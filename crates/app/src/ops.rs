@@ -198,6 +198,14 @@ pub fn run(
         moe.as_deref(),
         &bytes,
     );
+    if decode {
+        // a band whose nodes the isolation removal stopped at 0 says so beside its figure
+        for b in &mut ops.bands {
+            b.in_graph_clamped_nodes = summary
+                .band(&b.band)
+                .map_or(0, |r| r.corrected_clamped_nodes);
+        }
+    }
     ops.flush_bytes = req.flush_bytes;
     ops.experts_by_routing = experts_by_routing;
     let manifest = crate::manifest::manifest("ops", file, engine.info(), rules)?;

@@ -173,6 +173,10 @@ pub struct OpsBandRow {
     /// Weight bytes one graph (the chunk, or one decode step) reads per routing.
     #[serde(default)]
     pub weight_bytes: BTreeMap<String, u64>,
+    /// Decode: working nodes of the band that removing the isolation stopped at 0 (the
+    /// profile's `corrected_clamped_nodes`): the in-graph figure is then a lower bound.
+    #[serde(default)]
+    pub in_graph_clamped_nodes: u32,
 }
 
 /// What one graph of an ops run is: a prefill chunk or one decode step.
@@ -241,6 +245,7 @@ pub fn summarise_ops(
                 .iter()
                 .map(|(r, by_band)| (r.clone(), by_band.get(b).copied().unwrap_or(0)))
                 .collect(),
+            in_graph_clamped_nodes: 0,
         })
         .collect();
     let mut coverage = BTreeMap::new();

@@ -54,7 +54,15 @@ pub fn ops_text(title: &str, s: &OpsSummary) -> String {
         .bands
         .iter()
         .map(|b| {
-            let mut r = vec![b.band.clone(), format!("{:.4}", b.in_graph_ms_per_token)];
+            let in_graph = if b.in_graph_clamped_nodes > 0 {
+                format!(
+                    "{:.4} ({} nodes at 0)",
+                    b.in_graph_ms_per_token, b.in_graph_clamped_nodes
+                )
+            } else {
+                format!("{:.4}", b.in_graph_ms_per_token)
+            };
+            let mut r = vec![b.band.clone(), in_graph];
             for name in &routings {
                 let v = b.standalone_ms_per_token.get(*name).copied().unwrap_or(0.0);
                 let delta = if b.in_graph_ms_per_token > 0.0 {

@@ -171,22 +171,26 @@ fn decode_ops_time_one_step_and_first_k_reads_fewer_expert_bytes_than_the_real_r
     assert_eq!(bytes("captured") - bytes("first-k"), extra_bytes);
     assert!(bytes("uniform") > bytes("first-k"));
     // the in-graph decode bands stand beside the standalone ones: each step's TIMED times less
-    // their isolation, which sum to the step's FUSED wall (one cycle: no median between them);
-    // a band of tiny experts may hold nothing beyond its isolation on a busy machine
-    let in_graph: Vec<f64> = ops["bands"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["in_graph_ms_per_token"].as_f64().unwrap())
-        .collect();
-    assert!(in_graph.iter().all(|&v| v >= 0.0), "{in_graph:?}");
-    let step_ms = in_graph.iter().sum::<f64>() * p as f64;
-    let fused = ops["fused_ms"].as_f64().unwrap();
-    assert!(
-        (step_ms - fused).abs() <= 1e-6 * fused.max(1.0),
-        "in-graph bands {step_ms} ms a step, FUSED {fused} ms"
-    );
-    assert!(moe["in_graph_ms_per_token"].as_f64().unwrap() >= 0.0);
+    // their isolation (that they then sum to the FUSED wall holds by construction and is
+    // tested in core::isolation). A band of tiny experts may hold less than its isolation on a
+    // busy machine and stop at 0, but never silently: a band with working nodes shows work, or
+    // the nodes the removal stopped at 0
+    // a band with working nodes has op rows (every working node is timed alone)
+    let working_in = |band: &str| rows.iter().any(|row| row["band"] == band);
+    for b in ops["bands"].as_array().unwrap() {
+        let band = b["band"].as_str().unwrap();
+        let ms = b["in_graph_ms_per_token"].as_f64().unwrap();
+        let clamped = b["in_graph_clamped_nodes"].as_u64().unwrap();
+        assert!(ms >= 0.0, "{band}: {ms}");
+        if working_in(band) {
+            assert!(
+                ms > 0.0 || clamped > 0,
+                "{band} shows 0 ms/token in-graph with no node said to be stopped at 0: {b}"
+            );
+        }
+    }
+    let moe_clamped = moe["in_graph_clamped_nodes"].as_u64().unwrap();
+    assert!(moe["in_graph_ms_per_token"].as_f64().unwrap() > 0.0 || moe_clamped > 0);
     for r in ["first-k", "uniform", "captured"] {
         assert!(moe["standalone_ms_per_token"][r].as_f64().unwrap() > 0.0);
     }
