@@ -49,7 +49,10 @@ fn fetch_models_is_safe_to_run_concurrently() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("4 fetches at once: one download"), "{stdout}");
+    assert!(
+        stdout.contains("4 fetches at once: one download"),
+        "{stdout}"
+    );
 }
 
 #[test]
