@@ -17,7 +17,7 @@ pub const REFUSED: u8 = 4;
 /// by more than the smallest effect a verdict may claim, so no speed verdict stands.
 pub const INCONCLUSIVE: u8 = 5;
 /// `compare --fail-above`: a band of the new run is slower than the baseline beyond the
-/// threshold and beyond both runs' spread.
+/// threshold and beyond the runs' noise (the rank test of their cycles).
 pub const REGRESSED: u8 = 6;
 /// A remote device (an RPC server) failed during the run: it closed the connection, answered
 /// wrongly, or stopped answering for longer than `--rpc-timeout`. The run folder stays marked
