@@ -664,6 +664,30 @@ pub struct LedgerReport {
     pub gate: Option<Gate>,
 }
 
+impl LedgerReport {
+    /// Reads a ledger run's `ledger.json`, refusing a newer or unknown schema version (the
+    /// ledger's own `schema_version`, which every version wrote) as every run file is.
+    pub fn read(path: &std::path::Path) -> Result<LedgerReport, crate::run_folder::RunFolderError> {
+        use crate::run_folder::RunFolderError;
+        let value: serde_json::Value = crate::run_folder::read_json(path)?;
+        let version = value.pointer("/ledger/schema_version");
+        match version.and_then(|v| v.as_u64()) {
+            Some(n) if (1..=LEDGER_SCHEMA_VERSION as u64).contains(&n) => {}
+            _ => {
+                return Err(RunFolderError::Version {
+                    path: path.to_path_buf(),
+                    found: version.map_or("none".to_string(), |v| v.to_string()),
+                    newest: LEDGER_SCHEMA_VERSION,
+                })
+            }
+        }
+        serde_json::from_value(value).map_err(|source| RunFolderError::Json {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CompareError {
     #[error("the runs did not do the same work: {0} (compare anyway with --force)")]
@@ -1176,6 +1200,58 @@ mod tests {
         assert!(l.forced);
         assert_eq!(l.differences, ["depth 0 vs 4096"]);
         assert_eq!(l.rows[0].ahead, "even");
+    }
+
+    #[test]
+    fn ledger_json_is_read_with_its_schema_version_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let report = LedgerReport {
+            ledger: seed_000(),
+            replay_a: None,
+            replay_b: None,
+            peaks: None,
+            notes: vec!["a note".into()],
+            gate: None,
+        };
+        let path = dir.path().join("ledger.json");
+        let write = |v: &serde_json::Value| {
+            std::fs::write(&path, serde_json::to_vec_pretty(v).unwrap()).unwrap()
+        };
+        let mut v = serde_json::to_value(&report).unwrap();
+        write(&v);
+        assert_eq!(LedgerReport::read(&path).unwrap(), report);
+        // a version 3 file (no per-cycle values, model or differences) still reads
+        v["ledger"]["schema_version"] = 3.into();
+        for side in ["a", "b"] {
+            let side = v["ledger"][side].as_object_mut().unwrap();
+            for key in ["ms_per_token_cycles", "model", "model_blake3"] {
+                side.remove(key);
+            }
+        }
+        v["ledger"].as_object_mut().unwrap().remove("differences");
+        write(&v);
+        assert_eq!(LedgerReport::read(&path).unwrap().ledger.schema_version, 3);
+        // a newer version, or none, is refused naming the file
+        for (version, found) in [
+            (serde_json::json!(99), "99"),
+            (serde_json::Value::Null, "null"),
+        ] {
+            v["ledger"]["schema_version"] = version;
+            write(&v);
+            let e = LedgerReport::read(&path).unwrap_err().to_string();
+            assert!(
+                e.contains("ledger.json")
+                    && e.contains(&format!("schema version {found} is not one")),
+                "{e}"
+            );
+        }
+        v["ledger"]
+            .as_object_mut()
+            .unwrap()
+            .remove("schema_version");
+        write(&v);
+        let e = LedgerReport::read(&path).unwrap_err().to_string();
+        assert!(e.contains("schema version none"), "{e}");
     }
 
     #[test]
