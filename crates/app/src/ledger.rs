@@ -72,11 +72,13 @@ pub fn run(
             .with_context(|| format!("profiling on {name}"))?;
         let (assignments, summary) = analyse(&raw, rules, &file.arch)?;
         let info = engine.info();
+        // both sides run this one file: its identity is the manifest's, set below
         let mut side = Side::from_summary(
             &format!("{} {}", info.engine, info.version),
             &file.arch.arch,
             &summary,
-        );
+        )
+        .with_cycles(&raw, &assignments, "", "");
         let routed = engine.routed_experts()?;
         if routed.is_none() && file.arch.is_moe() && kind == EngineKind::LlamaCpp {
             notes.push(format!(
@@ -152,7 +154,7 @@ pub fn run(
     let ledger = compare(a, b, false, peaks.as_ref())?;
     let replay_b = replays.pop().flatten();
     let replay_a = replays.pop().flatten();
-    let report = LedgerReport {
+    let mut report = LedgerReport {
         ledger,
         replay_a,
         replay_b,
@@ -172,6 +174,10 @@ pub fn run(
         },
         rules,
     )?;
+    for side in [&mut report.ledger.a, &mut report.ledger.b] {
+        side.model = manifest.model_label().to_string();
+        side.model_blake3 = manifest.model.blake3.clone();
+    }
     Ok(LedgerRun {
         manifest,
         raws,
@@ -208,8 +214,8 @@ fn regressions(report: &LedgerReport) -> Exit {
             (
                 r.band.clone(),
                 format!(
-                    "{}: {:.4} ms/token (cycles {:.4}-{:.4}) against the baseline's {:.4} ({:.4}-{:.4})",
-                    r.change(), r.a_ms_per_token, r.a_range.0, r.a_range.1, r.b_ms_per_token, r.b_range.0, r.b_range.1
+                    "{}: {:.4} ms/token (cycles {:.4}-{:.4}) against the baseline's {:.4} ({:.4}-{:.4}), rank test p {:.4}",
+                    r.change(), r.a_ms_per_token, r.a_range.0, r.a_range.1, r.b_ms_per_token, r.b_range.0, r.b_range.1, r.p_value
                 ),
             )
         })
@@ -262,7 +268,8 @@ fn side_of_run(dir: &Path) -> Result<(Side, String)> {
         ),
         &m.model.arch.arch,
         &summary,
-    );
+    )
+    .with_cycles(&raw, &assignments, m.model_label(), &m.model.blake3);
     side.work = band_work(&raw.graph, &assignments, &BTreeMap::new(), &raw.config.work);
     // a band whose nodes carry no shapes (the spans of an imported trace) has unknown bytes and
     // FLOPs, not zero
@@ -304,7 +311,7 @@ pub fn compare_runs(
     // stored runs carry no peaks (and may come from another machine): no roofline verdict
     let ledger = compare(a, b, force, None)?;
     Ok(LedgerReport {
-        gate: fail_above.map(|t| gate(&ledger, t)),
+        gate: fail_above.map(|t| gate(&ledger, t)).transpose()?,
         ledger,
         replay_a: None,
         replay_b: None,

@@ -13,10 +13,11 @@ pub const CHECK_FAILED: u8 = 3;
 pub const BAD_INPUT: u8 = 2;
 /// The correctness gate refused B: it changes the model's output beyond the tolerance.
 pub const REFUSED: u8 = 4;
-/// The A/A control moved: the noise exceeds the threshold, so no speed verdict stands.
+/// The A/A control moved (its whole interval beyond the threshold): the measurement is biased
+/// by more than the smallest effect a verdict may claim, so no speed verdict stands.
 pub const INCONCLUSIVE: u8 = 5;
 /// `compare --fail-above`: a band of the new run is slower than the baseline beyond the
-/// threshold and beyond both runs' spread.
+/// threshold and beyond the runs' noise (the rank test of their cycles).
 pub const REGRESSED: u8 = 6;
 /// A remote device (an RPC server) failed during the run: it closed the connection, answered
 /// wrongly, or stopped answering for longer than `--rpc-timeout`. The run folder stays marked

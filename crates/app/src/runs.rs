@@ -139,7 +139,7 @@ pub fn read(dir: &Path) -> Result<StoredRun> {
             }
         }
         "ledger" => StoredRun::Ledger {
-            report: read_json(&dir.join("ledger.json"))?,
+            report: LedgerReport::read(&dir.join("ledger.json"))?,
             manifest,
         },
         "ops" => StoredRun::Ops {

@@ -11,13 +11,15 @@ use crate::band::Assignment;
 use crate::engine::Work as EngineWork;
 use crate::node::NodeInfo;
 use crate::peaks::Peaks;
-use crate::profile::ProfileSummary;
+use crate::profile::{membership, per_cycle_ms_per_token, ProfileRaw, ProfileSummary};
 use crate::replay::ReplayResult;
 
 /// 2: verdicts from each side's position against the measured peaks (`a_position`,
 /// `b_position`, `flops_ratio`); bytes and FLOPs per run. 3: an opportunity per row, each
-/// side's per-band range and cycles (the regression gate's spread).
-pub const LEDGER_SCHEMA_VERSION: u32 = 3;
+/// side's per-band range and cycles (the regression gate's spread). 4: each side's per-cycle
+/// band values and model identity, the differences a forced ledger was made despite, the
+/// regression gate's rank test.
+pub const LEDGER_SCHEMA_VERSION: u32 = 4;
 
 /// Bytes and FLOPs of one band for one run: the prefill chunk, or every step of a decode run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -181,6 +183,16 @@ pub struct Side {
     /// Cycles behind `ms_per_token` (1: no spread is known).
     #[serde(default = "one")]
     pub cycles: u32,
+    /// Band -> its per-cycle values (the estimator's: `ms_per_token` is their median), what the
+    /// regression gate tests; see [`band_cycles`].
+    #[serde(default)]
+    pub ms_per_token_cycles: BTreeMap<String, Vec<f64>>,
+    /// The model file the side ran (its name) and its BLAKE3, where known (empty for an
+    /// imported trace without its model): two runs of different models are not the same work.
+    #[serde(default)]
+    pub model: String,
+    #[serde(default)]
+    pub model_blake3: String,
 }
 
 fn one() -> u32 {
@@ -211,8 +223,48 @@ impl Side {
                 .map(|b| (b.band.clone(), (b.ms_per_token_min, b.ms_per_token_max)))
                 .collect(),
             cycles: s.cycles,
+            ms_per_token_cycles: BTreeMap::new(),
+            model: String::new(),
+            model_blake3: String::new(),
         }
     }
+
+    /// The side with its per-cycle band values from the stored profile it summarises
+    /// ([`band_cycles`]) and the model it ran.
+    pub fn with_cycles(
+        mut self,
+        raw: &ProfileRaw,
+        assignments: &[Assignment],
+        model: &str,
+        model_blake3: &str,
+    ) -> Side {
+        self.ms_per_token_cycles = band_cycles(raw, assignments);
+        self.model = model.to_string();
+        self.model_blake3 = model_blake3.to_string();
+        self
+    }
+}
+
+/// Band -> the per-cycle ms/token of a stored profile: in each cycle the band's share of the
+/// TIMED sum x that cycle's FUSED wall / tokens, the values whose median and range the
+/// summary reports ([`crate::profile::per_cycle_ms_per_token`]).
+pub fn band_cycles(raw: &ProfileRaw, assignments: &[Assignment]) -> BTreeMap<String, Vec<f64>> {
+    let times: Vec<&[f64]> = raw.cycles.iter().map(|c| c.node_us.as_slice()).collect();
+    let walls: Vec<f64> = raw.cycles.iter().map(|c| c.fused_ms).collect();
+    let tokens = raw.config.work.tokens_per_run().max(1) as f64;
+    let mut bands: Vec<&str> = assignments.iter().map(|a| a.band.as_str()).collect();
+    bands.sort_unstable();
+    bands.dedup();
+    bands
+        .into_iter()
+        .map(|band| {
+            let member = membership(|i| assignments.get(i).is_some_and(|a| a.band == band));
+            (
+                band.to_string(),
+                per_cycle_ms_per_token(&times, &walls, tokens, &member),
+            )
+        })
+        .collect()
 }
 
 /// One band of the ledger.
@@ -422,6 +474,9 @@ pub struct Ledger {
     pub total_b_ms_per_token: f64,
     /// The runs did not do the same work but were compared anyway (`--force`).
     pub forced: bool,
+    /// How they differ (chunk, depth, decode tokens, architecture, model), where forced.
+    #[serde(default)]
+    pub differences: Vec<String>,
 }
 
 impl Ledger {
@@ -438,6 +493,11 @@ impl Ledger {
     }
 }
 
+/// The regression gate's false-alarm rate over a whole ledger: each band is tested at this
+/// over the number of bands (Bonferroni), so a run that did not change fails with at most this
+/// chance, whatever the number of bands.
+pub const GATE_ALPHA: f64 = 0.05;
+
 /// One band before the regression gate (`compare --fail-above`): A is the new run, B the
 /// baseline.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -445,7 +505,7 @@ pub struct GateRow {
     pub band: String,
     pub a_ms_per_token: f64,
     pub b_ms_per_token: f64,
-    /// A / B - 1 (`None` where the baseline has no time in the band).
+    /// A / B - 1 of the medians (`None` where the baseline has no time in the band).
     pub slower: Option<f64>,
     /// A's range (min, max) over its cycles and B's.
     pub a_range: (f64, f64),
@@ -453,8 +513,12 @@ pub struct GateRow {
     /// The change exceeds the threshold: A / B - 1 above it, or, for a band the baseline
     /// does not have, A's time above the threshold's share of the baseline's total.
     pub beyond_threshold: bool,
-    /// The runs' own spreads do not overlap: A's fastest cycle is slower than B's slowest.
-    pub beyond_spread: bool,
+    /// One-sided Mann-Whitney p-value of A's cycles ranking above B's (a band B does not have
+    /// counts as zero in each of its cycles): the chance of ranks at least this far apart when
+    /// nothing changed.
+    pub p_value: f64,
+    /// `p_value` at most the gate's per-band level: A is slower beyond the runs' noise.
+    pub beyond_noise: bool,
     /// Both: the band regressed.
     pub fails: bool,
 }
@@ -466,9 +530,11 @@ pub struct Gate {
     pub threshold: f64,
     /// Every band, the ledger's order.
     pub rows: Vec<GateRow>,
-    /// Cycles behind each side (1: that side has no spread, the threshold alone decides).
+    /// Cycles behind each side.
     pub a_cycles: u32,
     pub b_cycles: u32,
+    /// The level each band's rank test must reach: [`GATE_ALPHA`] over the number of bands.
+    pub alpha_per_band: f64,
 }
 
 impl GateRow {
@@ -485,17 +551,69 @@ impl Gate {
     }
 }
 
-/// Gates A (the new run) against B (the baseline): a band fails when A is slower than B by more
-/// than `threshold` (a fraction) and by more than the two runs' own spreads (A's fastest cycle
-/// slower than B's slowest). A band the baseline has no time in fails when A spends more than
-/// `threshold` of B's total in it, beyond A's spread from zero.
-pub fn gate(l: &Ledger, threshold: f64) -> Gate {
+/// The regression gate cannot be run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GateError {
+    #[error("the regression gate cannot fail with {a} cycle(s) of the new run and {b} of the baseline: its rank test's smallest p-value, 1/{orderings:.0}, is above {alpha} / {bands} bands; profile both with at least {needed} cycles (-r {needed})")]
+    TooFewCycles {
+        a: u32,
+        b: u32,
+        orderings: f64,
+        alpha: f64,
+        bands: usize,
+        needed: u32,
+    },
+}
+
+/// Gates A (the new run) against B (the baseline): a band fails when A's median is slower than
+/// B's by more than `threshold` (a fraction) and A's cycles rank above B's beyond chance (a
+/// one-sided Mann-Whitney test of the per-cycle values at [`GATE_ALPHA`] over the number of
+/// bands), so one slow baseline cycle does not hide a regression and more cycles give more
+/// power. A band the baseline has no time in fails when A spends more than `threshold` of B's
+/// total in it, its cycles ranking above B's zeros. Refused when so few cycles that no band
+/// could fail.
+pub fn gate(l: &Ledger, threshold: f64) -> Result<Gate, GateError> {
     let range = |s: &Side, band: &str, median: f64| {
         s.ms_per_token_range
             .get(band)
             .copied()
             .unwrap_or((median, median))
     };
+    // a band's per-cycle values, zero in every cycle of a side without the band; the median
+    // alone (one value) for a side that stored none
+    let cycles = |s: &Side, band: &str| -> Vec<f64> {
+        if s.ms_per_token_cycles.is_empty() {
+            vec![s.ms_per_token.get(band).copied().unwrap_or(0.0)]
+        } else {
+            s.ms_per_token_cycles
+                .get(band)
+                .cloned()
+                .unwrap_or_else(|| vec![0.0; s.cycles.max(1) as usize])
+        }
+    };
+    let bands = l.rows.len().max(1);
+    let alpha = GATE_ALPHA / bands as f64;
+    let count = |s: &Side| {
+        if s.ms_per_token_cycles.is_empty() {
+            1
+        } else {
+            s.cycles.max(1)
+        }
+    };
+    let (n, m) = (count(&l.a), count(&l.b));
+    if crate::rank::smallest_p(n as usize, m as usize) > alpha {
+        let needed = (1u32..)
+            .find(|&k| crate::rank::smallest_p(k as usize, k as usize) <= alpha)
+            .expect("some number of cycles reaches any level");
+        return Err(GateError::TooFewCycles {
+            a: n,
+            b: m,
+            orderings: 1.0 / crate::rank::smallest_p(n as usize, m as usize),
+            alpha: GATE_ALPHA,
+            bands,
+            needed,
+        });
+    }
     let rows = l
         .rows
         .iter()
@@ -508,7 +626,8 @@ pub fn gate(l: &Ledger, threshold: f64) -> Gate {
                 Some(s) => s > threshold,
                 None => am > threshold * l.total_b_ms_per_token,
             };
-            let beyond_spread = a_range.0 > b_range.1;
+            let p_value = crate::rank::p_greater(&cycles(&l.a, &r.band), &cycles(&l.b, &r.band));
+            let beyond_noise = p_value <= alpha;
             GateRow {
                 band: r.band.clone(),
                 a_ms_per_token: am,
@@ -517,17 +636,19 @@ pub fn gate(l: &Ledger, threshold: f64) -> Gate {
                 a_range,
                 b_range,
                 beyond_threshold,
-                beyond_spread,
-                fails: beyond_threshold && beyond_spread,
+                p_value,
+                beyond_noise,
+                fails: beyond_threshold && beyond_noise,
             }
         })
         .collect();
-    Gate {
+    Ok(Gate {
         threshold,
         rows,
-        a_cycles: l.a.cycles,
-        b_cycles: l.b.cycles,
-    }
+        a_cycles: n,
+        b_cycles: m,
+        alpha_per_band: alpha,
+    })
 }
 
 /// A ledger with what each side measured besides: what `opledger ledger` stores and prints.
@@ -543,10 +664,39 @@ pub struct LedgerReport {
     pub gate: Option<Gate>,
 }
 
+impl LedgerReport {
+    /// Reads a ledger run's `ledger.json`, refusing a newer or unknown schema version (the
+    /// ledger's own `schema_version`, which every version wrote) as every run file is.
+    pub fn read(path: &std::path::Path) -> Result<LedgerReport, crate::run_folder::RunFolderError> {
+        use crate::run_folder::RunFolderError;
+        let value: serde_json::Value = crate::run_folder::read_json(path)?;
+        let version = value.pointer("/ledger/schema_version");
+        match version.and_then(|v| v.as_u64()) {
+            Some(n) if (1..=LEDGER_SCHEMA_VERSION as u64).contains(&n) => {}
+            _ => {
+                return Err(RunFolderError::Version {
+                    path: path.to_path_buf(),
+                    found: version.map_or("none".to_string(), |v| v.to_string()),
+                    newest: LEDGER_SCHEMA_VERSION,
+                })
+            }
+        }
+        serde_json::from_value(value).map_err(|source| RunFolderError::Json {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CompareError {
     #[error("the runs did not do the same work: {0} (compare anyway with --force)")]
     DifferentWork(String),
+}
+
+/// `name (BLAKE3 0123456789ab)`.
+fn model_named(name: &str, blake3: &str) -> String {
+    format!("{name} (BLAKE3 {})", &blake3[..blake3.len().min(12)])
 }
 
 /// The ledger of A (the side being optimised) against B (the reference); `peaks` are this
@@ -572,6 +722,16 @@ pub fn compare(
     }
     if a.arch != b.arch {
         diffs.push(format!("architecture {} vs {}", a.arch, b.arch));
+    }
+    // two models of one architecture (another size, another quantisation) are other work; a
+    // side whose model is unknown (an imported trace without it) cannot be checked
+    if !a.model_blake3.is_empty() && !b.model_blake3.is_empty() && a.model_blake3 != b.model_blake3
+    {
+        diffs.push(format!(
+            "model {} vs {}",
+            model_named(&a.model, &a.model_blake3),
+            model_named(&b.model, &b.model_blake3)
+        ));
     }
     if !diffs.is_empty() && !force {
         return Err(CompareError::DifferentWork(diffs.join(", ")));
@@ -665,6 +825,7 @@ pub fn compare(
         total_a_ms_per_token: total_a,
         total_b_ms_per_token: total_b,
         forced: !diffs.is_empty(),
+        differences: diffs,
         a,
         b,
         rows,
@@ -690,6 +851,9 @@ mod tests {
             replay_ms_per_token: BTreeMap::new(),
             ms_per_token_range: BTreeMap::new(),
             cycles: 1,
+            ms_per_token_cycles: BTreeMap::new(),
+            model: String::new(),
+            model_blake3: String::new(),
         }
     }
 
@@ -728,67 +892,262 @@ mod tests {
         assert_eq!(opportunity("a", 5.0, 0.0, 5.0), None);
     }
 
-    fn ranged(bands: &[(&str, f64, f64, f64)], cycles: u32) -> Side {
+    /// A side whose bands have these per-cycle values (median, range and cycles from them).
+    fn cycled(bands: &[(&str, &[f64])]) -> Side {
+        let median = |v: &[f64]| crate::stats::median(v).unwrap();
         let mut s = side(
             "s",
             &bands
                 .iter()
-                .map(|(b, m, _, _)| (*b, *m))
+                .map(|(b, v)| (*b, median(v)))
                 .collect::<Vec<_>>(),
         );
         s.ms_per_token_range = bands
             .iter()
-            .map(|(b, _, lo, hi)| (b.to_string(), (*lo, *hi)))
+            .map(|(b, v)| {
+                let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                (b.to_string(), (lo, hi))
+            })
             .collect();
-        s.cycles = cycles;
+        s.ms_per_token_cycles = bands
+            .iter()
+            .map(|(b, v)| (b.to_string(), v.to_vec()))
+            .collect();
+        s.cycles = bands[0].1.len() as u32;
         s
     }
 
+    fn failed(g: &Gate) -> Vec<&str> {
+        g.failed().iter().map(|r| r.band.as_str()).collect()
+    }
+
     #[test]
-    fn the_gate_needs_the_threshold_and_the_spread_by_hand() {
-        let new = ranged(
-            &[
-                // 10 % slower and the ranges apart: fails
-                ("x", 1.10, 1.08, 1.12),
-                // 10 % slower inside the spread: passes
-                ("y", 1.10, 0.95, 1.20),
-                // beyond the spread, 3 % is under the threshold: passes
-                ("z", 1.03, 1.02, 1.04),
-                // a band the baseline does not have, 0.2 > 5 % of its 3.0 total: fails
-                ("w", 0.20, 0.19, 0.21),
-            ],
-            5,
-        );
-        let base = ranged(
-            &[
-                ("x", 1.0, 0.98, 1.02),
-                ("y", 1.0, 0.90, 1.10),
-                ("z", 1.0, 0.99, 1.01),
-            ],
-            5,
-        );
+    fn the_gate_needs_the_threshold_and_the_rank_test_by_hand() {
+        let new = cycled(&[
+            // 10 % slower, every cycle above every baseline cycle: p = 1 / C(10, 5) = 1/252
+            ("x", &[1.08, 1.09, 1.10, 1.11, 1.12]),
+            // 10 % slower by the medians, the cycles interleaved with the baseline's
+            ("y", &[0.95, 1.05, 1.10, 1.15, 1.20]),
+            // 3 % slower beyond the noise, under the threshold
+            ("z", &[1.02, 1.025, 1.03, 1.035, 1.04]),
+            // a band the baseline does not have, 0.2 > 5 % of its 3.0 total
+            ("w", &[0.19, 0.20, 0.20, 0.21, 0.21]),
+        ]);
+        let base = cycled(&[
+            ("x", &[0.98, 0.99, 1.0, 1.01, 1.02]),
+            ("y", &[0.90, 0.95, 1.0, 1.05, 1.10]),
+            ("z", &[0.99, 0.995, 1.0, 1.005, 1.01]),
+        ]);
         let l = compare(new, base, false, None).unwrap();
-        let g = gate(&l, 0.05);
-        let failed: Vec<&str> = g.failed().iter().map(|r| r.band.as_str()).collect();
-        assert_eq!(failed, ["w", "x"]);
+        let g = gate(&l, 0.05).unwrap();
+        // four bands: each tested at 0.05 / 4
+        assert!((g.alpha_per_band - 0.0125).abs() < 1e-15);
+        assert_eq!(failed(&g), ["w", "x"]);
         let row = |band: &str| g.rows.iter().find(|r| r.band == band).unwrap();
         assert!((row("x").slower.unwrap() - 0.10).abs() < 1e-12);
-        assert!(row("y").beyond_threshold && !row("y").beyond_spread);
-        assert!(!row("z").beyond_threshold && row("z").beyond_spread);
+        assert!((row("x").p_value - 1.0 / 252.0).abs() < 1e-12);
+        assert!((row("w").p_value - 1.0 / 252.0).abs() < 1e-12);
+        // y: U = 19.5 of 25 (A above B in 18 pairs, 3 ties); P(U >= 19) = P(U <= 6) = 28 / 252
+        // (the partitions of 0..=6 that fit a 5 x 5 box)
+        assert!(row("y").beyond_threshold && !row("y").beyond_noise);
+        assert!((row("y").p_value - 28.0 / 252.0).abs() < 1e-12);
+        assert!(!row("z").beyond_threshold && row("z").beyond_noise);
         assert_eq!(row("w").slower, None);
         // at 12 % both pass; at 7 % x (10 % slower) fails and w (0.2 of 3.0 = 6.7 %) passes
-        let failed: Vec<String> = gate(&l, 0.12)
-            .failed()
+        assert!(failed(&gate(&l, 0.12).unwrap()).is_empty());
+        assert_eq!(failed(&gate(&l, 0.07).unwrap()), ["x"]);
+    }
+
+    #[test]
+    fn one_slow_baseline_cycle_no_longer_hides_a_regression() {
+        // 10 % slower in every cycle; one baseline cycle took twice as long (another process)
+        let new = cycled(&[("x", &[1.09, 1.10, 1.10, 1.11, 1.12, 1.10, 1.09, 1.11, 1.10])]);
+        let base = cycled(&[("x", &[1.0, 0.99, 1.01, 1.0, 2.0, 1.0, 0.99, 1.01, 1.0])]);
+        let l = compare(new, base, false, None).unwrap();
+        let g = gate(&l, 0.05).unwrap();
+        let r = &g.rows[0];
+        // the gate before: A's fastest cycle (1.09) is not slower than B's slowest (2.0)
+        assert!(r.a_range.0 < r.b_range.1);
+        // U = 72 of 81: P(U >= 72) = P(U <= 9) with 9 and 9 cycles = 97 / C(18, 9) = 97 / 48620
+        // (the partitions of 0..=9: 1 + 1 + 2 + 3 + 5 + 7 + 11 + 15 + 22 + 30)
+        assert!((r.p_value - 97.0 / 48620.0).abs() < 1e-12, "{}", r.p_value);
+        assert_eq!(failed(&g), ["x"]);
+    }
+
+    #[test]
+    fn too_few_cycles_to_fail_are_refused() {
+        let two = cycled(&[
+            ("a", &[1.0, 1.1]),
+            ("b", &[1.0, 1.1]),
+            ("c", &[1.0, 1.1]),
+            ("d", &[1.0, 1.1]),
+        ]);
+        let l = compare(two.clone(), two, false, None).unwrap();
+        let e = gate(&l, 0.05).unwrap_err();
+        // 1 / C(4, 2) = 1/6 > 0.05 / 4; 4 and 4 give 1/70 > 0.0125, 5 and 5 give 1/252
+        assert_eq!(
+            e.to_string(),
+            "the regression gate cannot fail with 2 cycle(s) of the new run and 2 of the baseline: its rank test's smallest p-value, 1/6, is above 0.05 / 4 bands; profile both with at least 5 cycles (-r 5)"
+        );
+    }
+
+    #[test]
+    fn a_side_s_cycles_are_the_summary_s_estimator() {
+        use crate::arch::tests::qwen35moe_md;
+        use crate::mock::{MockEngine, MockNode};
+        use crate::profile::{analyse, measure, ProfileConfig};
+        const NODES: [MockNode; 3] = [
+            ("GATED_DELTA_NET", "node_0", "", 300.0),
+            (
+                "MUL_MAT_ID",
+                "ffn_moe_gate-0",
+                "blk.0.ffn_gate_exps.weight",
+                500.0,
+            ),
+            ("MUL_MAT", "Qcur_full-3", "blk.3.attn_q.weight", 200.0),
+        ];
+        let mut e = MockEngine::new(&NODES);
+        // one cycle's runs twice as slow
+        e.noise = vec![1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0];
+        let cfg = ProfileConfig {
+            work: EngineWork::prefill(100, 0),
+            cycles: 3,
+            warmup: 0,
+            overhead_pairs: 0,
+            gate: crate::noise::GateConfig {
+                enabled: false,
+                ..Default::default()
+            },
+        };
+        let raw = measure(&mut e, &cfg, &mut |_, _, _| {}).unwrap();
+        let rules = crate::band::BandRules::builtin("qwen35moe").unwrap();
+        let arch = crate::arch::ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+        let (assignments, summary) = analyse(&raw, &rules, &arch).unwrap();
+        let side = Side::from_summary("s", "qwen35moe", &summary).with_cycles(
+            &raw,
+            &assignments,
+            "m.gguf",
+            "00ff",
+        );
+        assert_eq!(side.ms_per_token_cycles.len(), summary.bands.len());
+        for b in &summary.bands {
+            let v = &side.ms_per_token_cycles[&b.band];
+            assert_eq!(v.len(), 3, "{}", b.band);
+            let median = crate::stats::median(v).unwrap();
+            assert!((median - b.ms_per_token).abs() < 1e-12, "{}", b.band);
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            assert_eq!((lo, hi), (b.ms_per_token_min, b.ms_per_token_max));
+        }
+        // the moe band holds half the work: 0.5 x 1 ms / 100 tokens, twice that in the slow cycle
+        let moe = &side.ms_per_token_cycles["moe"];
+        assert!(
+            moe.iter().filter(|v| (**v - 0.005).abs() < 1e-12).count() == 2,
+            "{moe:?}"
+        );
+        assert!(moe.iter().any(|v| (*v - 0.010).abs() < 1e-12), "{moe:?}");
+    }
+
+    /// Uniform in [0, 1) and standard normal (Box-Muller) from a SplitMix64 state.
+    fn uniform(state: &mut u64) -> f64 {
+        *state = crate::tokens::splitmix64(*state);
+        (*state >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn normal(state: &mut u64) -> f64 {
+        let u = uniform(state).max(1e-300);
+        let v = uniform(state);
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+
+    /// A side of six bands over `cycles` cycles, as a profile measures them: each cycle's wall
+    /// is 1 + `noise` x a standard normal (and 30 % slower with probability `outliers`), shared
+    /// by the bands of that cycle, each band also jittering by 1 %; band "b2" is `slower`
+    /// slower.
+    fn synthetic(cycles: usize, noise: f64, outliers: f64, slower: f64, state: &mut u64) -> Side {
+        let base = [4.0, 2.0, 1.0, 0.5, 0.25, 0.125];
+        let names = ["b0", "b1", "b2", "b3", "b4", "b5"];
+        let mut values = vec![Vec::new(); base.len()];
+        for _ in 0..cycles {
+            let slow = if uniform(state) < outliers { 1.3 } else { 1.0 };
+            let wall = (1.0 + noise * normal(state)) * slow;
+            for (k, v) in values.iter_mut().enumerate() {
+                let effect = if k == 2 { 1.0 + slower } else { 1.0 };
+                v.push(base[k] * effect * wall * (1.0 + 0.01 * normal(state)));
+            }
+        }
+        let bands: Vec<(&str, &[f64])> = names
             .iter()
-            .map(|r| r.band.clone())
+            .zip(&values)
+            .map(|(n, v)| (*n, v.as_slice()))
             .collect();
-        assert_eq!(failed, Vec::<String>::new());
-        let failed: Vec<String> = gate(&l, 0.07)
-            .failed()
-            .iter()
-            .map(|r| r.band.clone())
-            .collect();
-        assert_eq!(failed, ["x"]);
+        cycled(&bands)
+    }
+
+    /// Of `trials` gated pairs of synthetic runs, the share whose gate failed (any band), and
+    /// the same under the gate before (medians beyond the threshold and A's fastest cycle
+    /// slower than B's slowest).
+    fn failure_rates(
+        cycles: usize,
+        noise: f64,
+        outliers: f64,
+        slower: f64,
+        threshold: f64,
+        trials: u64,
+    ) -> (f64, f64) {
+        let (mut now, mut before) = (0, 0);
+        for t in 0..trials {
+            let mut state = 0x6a7e_0000 + t;
+            let base = synthetic(cycles, noise, outliers, 0.0, &mut state);
+            let new = synthetic(cycles, noise, outliers, slower, &mut state);
+            let l = compare(new, base, false, None).unwrap();
+            let g = gate(&l, threshold).unwrap();
+            now += u32::from(!g.failed().is_empty());
+            before += u32::from(
+                g.rows
+                    .iter()
+                    .any(|r| r.beyond_threshold && r.a_range.0 > r.b_range.1),
+            );
+        }
+        (now as f64 / trials as f64, before as f64 / trials as f64)
+    }
+
+    #[test]
+    fn the_gate_rarely_fails_an_unchanged_run() {
+        // A/A over six bands: the false-alarm rate of the whole gate stays under GATE_ALPHA.
+        // 1000 trials each gave, at --fail-above 0 (the threshold never helps): 3 % noise 2.3 %
+        // (5 cycles), 2.3 % (15), with one cycle in ten 30 % slower 2.1 % and 2.5 %; at
+        // --fail-above 5: 0.7 %, 0.2 %, 1.1 %, 0.7 %
+        for (cycles, outliers) in [(5, 0.0), (15, 0.0), (5, 0.1), (15, 0.1)] {
+            for threshold in [0.0, 0.05] {
+                let (now, _) = failure_rates(cycles, 0.03, outliers, 0.0, threshold, 500);
+                assert!(
+                    now <= GATE_ALPHA,
+                    "{cycles} cycles, outliers {outliers}, threshold {threshold}: {now}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_gate_finds_a_known_slowdown_and_more_cycles_find_it_more_often() {
+        // one band of six 10 % slower, --fail-above 5. 1000 trials each gave, with 3 % noise:
+        // 87 % (5 cycles), 97 % (7), 99.7 % (9), 99.9 % (15), where the gate before (A's fastest
+        // cycle slower than B's slowest) gave 75 %, 63 %, 54 %, 29 %; with one cycle in ten
+        // 30 % slower: 54 %, 52 %, 78 %, 96 % against 47 %, 32 %, 24 %, 6 %
+        let (p5, before5) = failure_rates(5, 0.03, 0.0, 0.10, 0.05, 500);
+        let (p15, before15) = failure_rates(15, 0.03, 0.0, 0.10, 0.05, 500);
+        assert!(p5 >= 0.8 && p15 >= 0.99, "{p5} {p15}");
+        assert!(before15 < before5, "{before5} {before15}");
+        let (o5, obefore5) = failure_rates(5, 0.03, 0.1, 0.10, 0.05, 500);
+        let (o15, obefore15) = failure_rates(15, 0.03, 0.1, 0.10, 0.05, 500);
+        assert!(o15 >= 0.9 && o15 > o5, "{o5} {o15}");
+        // the gate before lost power with more cycles: more chances of one slow cycle
+        assert!(
+            obefore15 < 0.2 && obefore15 < obefore5,
+            "{obefore5} {obefore15}"
+        );
     }
 
     /// Seed 000's table: mine vs llama.cpp, ms.
@@ -839,7 +1198,81 @@ mod tests {
         assert!(e.to_string().contains("depth 0 vs 4096"), "{e}");
         let l = compare(a, b, true, None).unwrap();
         assert!(l.forced);
+        assert_eq!(l.differences, ["depth 0 vs 4096"]);
         assert_eq!(l.rows[0].ahead, "even");
+    }
+
+    #[test]
+    fn ledger_json_is_read_with_its_schema_version_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let report = LedgerReport {
+            ledger: seed_000(),
+            replay_a: None,
+            replay_b: None,
+            peaks: None,
+            notes: vec!["a note".into()],
+            gate: None,
+        };
+        let path = dir.path().join("ledger.json");
+        let write = |v: &serde_json::Value| {
+            std::fs::write(&path, serde_json::to_vec_pretty(v).unwrap()).unwrap()
+        };
+        let mut v = serde_json::to_value(&report).unwrap();
+        write(&v);
+        assert_eq!(LedgerReport::read(&path).unwrap(), report);
+        // a version 3 file (no per-cycle values, model or differences) still reads
+        v["ledger"]["schema_version"] = 3.into();
+        for side in ["a", "b"] {
+            let side = v["ledger"][side].as_object_mut().unwrap();
+            for key in ["ms_per_token_cycles", "model", "model_blake3"] {
+                side.remove(key);
+            }
+        }
+        v["ledger"].as_object_mut().unwrap().remove("differences");
+        write(&v);
+        assert_eq!(LedgerReport::read(&path).unwrap().ledger.schema_version, 3);
+        // a newer version, or none, is refused naming the file
+        for (version, found) in [
+            (serde_json::json!(99), "99"),
+            (serde_json::Value::Null, "null"),
+        ] {
+            v["ledger"]["schema_version"] = version;
+            write(&v);
+            let e = LedgerReport::read(&path).unwrap_err().to_string();
+            assert!(
+                e.contains("ledger.json")
+                    && e.contains(&format!("schema version {found} is not one")),
+                "{e}"
+            );
+        }
+        v["ledger"]
+            .as_object_mut()
+            .unwrap()
+            .remove("schema_version");
+        write(&v);
+        let e = LedgerReport::read(&path).unwrap_err().to_string();
+        assert!(e.contains("schema version none"), "{e}");
+    }
+
+    #[test]
+    fn two_models_of_one_architecture_are_different_work() {
+        let mut a = side("a", &[("moe", 1.0)]);
+        let mut b = side("b", &[("moe", 1.0)]);
+        (a.model, a.model_blake3) = ("q4_k_m.gguf".into(), "1111aaaa2222bbbb3333".into());
+        (b.model, b.model_blake3) = ("q8_0.gguf".into(), "4444cccc5555dddd6666".into());
+        let e = compare(a.clone(), b.clone(), false, None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the runs did not do the same work: model q4_k_m.gguf (BLAKE3 1111aaaa2222) vs \
+             q8_0.gguf (BLAKE3 4444cccc5555) (compare anyway with --force)"
+        );
+        let l = compare(a.clone(), b.clone(), true, None).unwrap();
+        assert!(l.forced && l.differences[0].starts_with("model q4_k_m.gguf"));
+        // the same file under another name is the same model; an unknown one is not checked
+        b.model_blake3 = a.model_blake3.clone();
+        assert!(!compare(a.clone(), b.clone(), false, None).unwrap().forced);
+        b.model_blake3.clear();
+        assert!(!compare(a, b, false, None).unwrap().forced);
     }
 
     #[test]

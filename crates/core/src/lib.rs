@@ -19,6 +19,7 @@ pub mod noise;
 pub mod ops;
 pub mod peaks;
 pub mod profile;
+pub mod rank;
 pub mod records;
 pub mod replay;
 pub mod run_folder;

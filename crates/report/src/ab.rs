@@ -115,8 +115,8 @@ pub fn ab_text(r: &AbReport) -> String {
     let noise: u32 = r.scenarios.iter().map(|s| s.gate.rejected).sum();
     let _ = writeln!(
         out,
-        "\nthresholds: faster/slower when the whole 95 % interval of B/A lies beyond ±{:.0} %, no change when it lies within; inconclusive when the control (A against itself) does not lie within; noise gate rejected and retook {noise} runs",
-        r.config.min_effect * 100.0
+        "\nthresholds: faster/slower when the whole 95 % interval of B/A lies beyond ±{e:.0} % and beyond the noise the control shows (A against itself, its interval scaled from half the runs to all of them), no change when it lies within ±{e:.0} %, within noise otherwise; inconclusive when the control moved (its whole interval beyond ±{e:.0} %); noise gate rejected and retook {noise} runs",
+        e = r.config.min_effect * 100.0
     );
     let _ = writeln!(out, "verdict: {}", r.verdict.words());
     out
@@ -299,21 +299,40 @@ pub fn ab_checks(r: &AbReport) -> Vec<Check> {
         });
     }
     for s in &r.scenarios {
+        let (n_lo, n_hi) = Verdict::noise_bounds(s.control_lo, s.control_hi);
         out.push(Check {
             name: format!("control · {}", scenario_label(&s.work)),
-            // anything but "no change" makes the scenario inconclusive (Verdict::of_scenario)
-            status: if s.control_verdict == Verdict::NoChange {
+            // a control that moved makes the scenario inconclusive (Verdict::of_scenario); one
+            // wider than the threshold sets the smallest effect a verdict may claim
+            status: if s.control_verdict.moved() {
+                CheckStatus::Fail
+            } else if s.control_verdict == Verdict::NoChange {
                 CheckStatus::Pass
             } else {
-                CheckStatus::Fail
+                CheckStatus::Warn
             },
             detail: format!(
-                "A against itself (its two halves): {:.3} [{:.3}–{:.3}], {} (must show no change, within ±{:.0} %; otherwise the scenario is inconclusive)",
+                "A against itself (its two halves): {:.3} [{:.3}–{:.3}], {}: {}",
                 s.control_ratio,
                 s.control_lo,
                 s.control_hi,
                 verdict_name(s.control_verdict),
-                r.config.min_effect * 100.0
+                if s.control_verdict.moved() {
+                    format!(
+                        "moved beyond ±{:.0} %, so the scenario is inconclusive",
+                        r.config.min_effect * 100.0
+                    )
+                } else if s.control_verdict == Verdict::NoChange {
+                    format!(
+                        "within ±{:.0} %, the threshold decides",
+                        r.config.min_effect * 100.0
+                    )
+                } else {
+                    format!(
+                        "noisier than ±{:.0} %: a verdict needs B/A beyond [{n_lo:.3}–{n_hi:.3}]",
+                        r.config.min_effect * 100.0
+                    )
+                }
             ),
         });
     }
@@ -406,6 +425,22 @@ mod tests {
             "one output and one control check per scenario, then the noise gate"
         );
         assert!(s.iter().all(|(_, st)| *st == CheckStatus::Pass));
+    }
+
+    #[test]
+    fn a_noisy_control_that_did_not_move_warns_and_names_the_bound() {
+        let mut r = report(true, Verdict::WithinNoise, 0);
+        r.scenarios[0].control_lo = 0.827;
+        r.scenarios[0].control_hi = 1.467;
+        let checks = ab_checks(&r);
+        assert_eq!(checks[1].status, CheckStatus::Warn);
+        assert!(
+            checks[1]
+                .detail
+                .ends_with("a verdict needs B/A beyond [0.874–1.311]"),
+            "{}",
+            checks[1].detail
+        );
     }
 
     #[test]

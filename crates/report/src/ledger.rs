@@ -147,10 +147,13 @@ fn heading(r: &LedgerReport) -> String {
         l.b.coverage * 100.0,
         agreement(l.a.agreement),
         agreement(l.b.agreement),
-        if l.forced {
-            " · FORCED: the runs did different work"
-        } else {
-            ""
+        match (l.forced, l.differences.is_empty()) {
+            (true, false) => format!(
+                " · FORCED: the runs did different work ({})",
+                l.differences.join(", ")
+            ),
+            (true, true) => " · FORCED: the runs did different work".to_string(),
+            _ => String::new(),
         }
     );
     out
@@ -321,23 +324,19 @@ fn tail(r: &LedgerReport) -> String {
     out
 }
 
-/// The regression gate: the threshold, what each side's spread rests on, every band that fails.
+/// The regression gate: the threshold, the rank test and its level, every band that fails.
 fn gate_text(g: &Gate) -> String {
     let mut out = String::new();
     let failed = g.failed();
-    let spread = |cycles: u32| {
-        if cycles > 1 {
-            format!("{cycles} cycles")
-        } else {
-            "1 cycle, no spread".to_string()
-        }
-    };
     let _ = writeln!(
         out,
-        "gate: a band fails when A is more than {:.1} % slower than B and A's fastest cycle is slower than B's slowest (A {}, B {}): {}",
+        "gate: a band fails when A's median is more than {:.1} % slower than B's and A's cycles rank above B's beyond chance (one-sided Mann-Whitney p at most {:.4}: {:.0} % over {} bands; A {} cycles, B {}): {}",
         g.threshold * 100.0,
-        spread(g.a_cycles),
-        spread(g.b_cycles),
+        g.alpha_per_band,
+        opledger_core::ledger::GATE_ALPHA * 100.0,
+        g.rows.len(),
+        g.a_cycles,
+        g.b_cycles,
         if failed.is_empty() {
             "passed".to_string()
         } else {
@@ -347,7 +346,7 @@ fn gate_text(g: &Gate) -> String {
     for row in &g.rows {
         let _ = writeln!(
             out,
-            "  {:<18} {:>9} A {:.4} ({:.4}-{:.4}) B {:.4} ({:.4}-{:.4}){}",
+            "  {:<18} {:>9} A {:.4} ({:.4}-{:.4}) B {:.4} ({:.4}-{:.4}) p {:.4}{}",
             row.band,
             row.change(),
             row.a_ms_per_token,
@@ -356,9 +355,10 @@ fn gate_text(g: &Gate) -> String {
             row.b_ms_per_token,
             row.b_range.0,
             row.b_range.1,
-            match (row.beyond_threshold, row.beyond_spread) {
+            row.p_value,
+            match (row.beyond_threshold, row.beyond_noise) {
                 (true, true) => "  REGRESSED",
-                (true, false) => "  within the spread",
+                (true, false) => "  within the noise",
                 _ => "",
             }
         );
@@ -460,6 +460,8 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn report() -> LedgerReport {
+        // five cycles a side, each band's cycles 2 % apart around its median
+        let cycles = |x: f64| vec![x * 0.98, x * 0.99, x, x * 1.01, x * 1.02];
         let side = |label: &str, p: f64, m: f64| Side {
             label: label.into(),
             arch: "qwen3moe".into(),
@@ -474,6 +476,12 @@ mod tests {
             replay_ms_per_token: BTreeMap::new(),
             ms_per_token_range: BTreeMap::new(),
             cycles: 5,
+            ms_per_token_cycles: BTreeMap::from([
+                ("projections".into(), cycles(p)),
+                ("moe".into(), cycles(m)),
+            ]),
+            model: String::new(),
+            model_blake3: String::new(),
         };
         LedgerReport {
             ledger: compare(side("a", 2.0, 1.0), side("b", 1.0, 1.5), false, None).unwrap(),
@@ -500,8 +508,8 @@ mod tests {
         let md = ledger_markdown(&r);
         let first_row = md.lines().find(|l| l.starts_with("| proj")).unwrap();
         assert!(first_row.contains("A 1.500x"), "{md}");
-        // no per-cycle ranges stored: each side's range is its median, the threshold decides
-        r.gate = Some(opledger_core::ledger::gate(&r.ledger, 0.05));
+        // projections: every cycle of A above every cycle of B, p = 1/252 <= 0.05 / 2 bands
+        r.gate = Some(opledger_core::ledger::gate(&r.ledger, 0.05).unwrap());
         let t = ledger_text(&r);
         assert!(t.contains("FAILED in 1 band(s)"), "{t}");
         let line = t

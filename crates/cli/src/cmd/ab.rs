@@ -32,7 +32,9 @@ pub struct WorkArgs {
     /// Sequence counts of the decode scenarios.
     #[arg(long, value_delimiter = ',', default_value = "1", value_parser = super::flags::at_least_one)]
     pub parallel: Vec<u32>,
-    /// The smallest change a verdict calls faster or slower.
+    /// The smallest change a verdict calls faster or slower; an A/A control whose whole
+    /// interval lies beyond it moved (inconclusive), and a wider control that did not move
+    /// raises it to the noise the control shows.
     #[arg(long, default_value_t = 0.02, value_parser = super::flags::effect, allow_negative_numbers = true)]
     pub min_effect: f64,
     /// Largest relative logit difference (max |a-b| / max |a|) that still counts as the same

@@ -82,7 +82,7 @@ pub fn positive(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-/// `compare --fail-above`: a percentage, at least 0 (0: any slowdown beyond the spread fails).
+/// `compare --fail-above`: a percentage, at least 0 (0: any slowdown beyond the noise fails).
 pub fn percent(s: &str) -> Result<f64, String> {
     let v = finite(s.trim_end_matches('%'))?;
     if v < 0.0 {

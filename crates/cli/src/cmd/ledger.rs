@@ -24,11 +24,13 @@ pub struct CompareArgs {
     pub run_a: PathBuf,
     /// The reference run.
     pub run_b: PathBuf,
-    /// Compare runs that did not do the same work (chunk, depth, architecture).
+    /// Compare runs that did not do the same work (chunk, depth, decode tokens, architecture,
+    /// model: two files of different BLAKE3, another size or quantisation).
     #[arg(long)]
     pub force: bool,
     /// Gate: exit 6 when a band of RUN_A (the new run) is slower than RUN_B (the baseline) by
-    /// more than PCT % and by more than both runs' spread over their cycles.
+    /// more than PCT % (medians) and its cycles rank above the baseline's beyond chance
+    /// (one-sided Mann-Whitney at 5 % over the number of bands).
     #[arg(long, value_name = "PCT", value_parser = super::flags::percent)]
     pub fail_above: Option<f64>,
     /// What to print.

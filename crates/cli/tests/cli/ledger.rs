@@ -4,6 +4,7 @@
 //! that did different work.
 
 use assert_cmd::Command;
+use predicates::prelude::*;
 
 fn opledger() -> Command {
     Command::cargo_bin("opledger").unwrap()
@@ -179,4 +180,57 @@ fn compare_puts_two_stored_runs_side_by_side_and_refuses_different_work() {
         .arg(&c)
         .assert()
         .success();
+    // two runs of 2 cycles: no band could fail the gate at 0.05 / 4 bands, so it is refused
+    opledger()
+        .args(["compare", "--fail-above", "5"])
+        .arg(&a)
+        .arg(&b)
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains(
+            "the regression gate cannot fail with 2 cycle(s) of the new run and 2 of the baseline",
+        ));
+    // the same architecture, other weights: another model, named on both sides
+    let other = dir.path().join("tq3-seed-7.gguf");
+    opledger()
+        .args([
+            "synth",
+            "--preset",
+            "tiny-qwen3moe",
+            "--seed",
+            "7",
+            "-q",
+            "-o",
+        ])
+        .arg(&other)
+        .assert()
+        .success();
+    let d = dir.path().join("d");
+    opledger()
+        .args(["profile", "-p", "64", "-r", "2", "-t", "2", "-q", "-m"])
+        .arg(&other)
+        .arg("-o")
+        .arg(&d)
+        .assert()
+        .success();
+    opledger()
+        .arg("compare")
+        .arg(&a)
+        .arg(&d)
+        .assert()
+        .code(2)
+        .stderr(
+            predicates::str::contains("the runs did not do the same work: model tq3.gguf (BLAKE3 ")
+                .and(predicates::str::contains("vs tq3-seed-7.gguf (BLAKE3 "))
+                .and(predicates::str::contains("--force")),
+        );
+    opledger()
+        .args(["compare", "--force"])
+        .arg(&a)
+        .arg(&d)
+        .assert()
+        .success()
+        .stdout(predicates::str::contains(
+            "FORCED: the runs did different work (model tq3.gguf",
+        ));
 }

