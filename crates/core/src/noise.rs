@@ -302,6 +302,18 @@ impl RunNoise {
 }
 
 impl GateStats {
+    /// What the canary saw, in words; `None` where no canary ran.
+    pub fn canary_text(&self) -> Option<String> {
+        (self.canary_best_us > 0.0).then(|| {
+            format!(
+                "the canary ({:.0} µs at best) was slowed around {} runs /proc saw quiet (retaken), around kept runs by up to {:+.0} % over its recent best",
+                self.canary_best_us,
+                self.rejected_by_canary,
+                self.max_canary_slowdown_kept * 100.0
+            )
+        })
+    }
+
     pub fn rejection_rate(&self) -> f64 {
         let all = self.accepted + self.rejected;
         if all == 0 {
@@ -717,6 +729,28 @@ mod tests {
             assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
             assert_eq!(gate.stats.canary_best_us, 0.0);
         }
+    }
+
+    #[test]
+    fn the_canary_in_words() {
+        assert_eq!(GateStats::default().canary_text(), None);
+        let s = GateStats {
+            rejected: 3,
+            rejected_by_canary: 2,
+            canary_best_us: 812.4,
+            max_canary_slowdown_kept: 0.314,
+            ..GateStats::default()
+        };
+        assert_eq!(
+            s.canary_text().unwrap(),
+            "the canary (812 µs at best) was slowed around 2 runs /proc saw quiet (retaken), around kept runs by up to +31 % over its recent best"
+        );
+        let c = crate::profile::noise_check(&s, 0.1);
+        assert!(
+            c.detail.ends_with(&s.canary_text().unwrap()),
+            "{}",
+            c.detail
+        );
     }
 
     #[test]
