@@ -131,10 +131,12 @@ pub fn run_records(
                 node_us: us.clone(),
                 isolation_us: None,
                 isolation_node_us: Vec::new(),
+                noise: Vec::new(),
             })
             .collect(),
         output_hashes: BTreeMap::new(),
         overhead_pairs: Vec::new(),
+        overhead_pairs_noise: Vec::new(),
         gate: Default::default(),
         outputs_checked_finite: false,
         node_steps: Some(1),
@@ -312,6 +314,7 @@ fn build(
             node_us: used.iter().map(|&k| s.self_us[k]).collect(),
             isolation_us: None,
             isolation_node_us: Vec::new(),
+            noise: Vec::new(),
         })
         .collect();
     let raw = ProfileRaw {
@@ -330,6 +333,7 @@ fn build(
         cycles,
         output_hashes: BTreeMap::new(),
         overhead_pairs: Vec::new(),
+        overhead_pairs_noise: Vec::new(),
         gate: Default::default(),
         outputs_checked_finite: false,
         node_steps: Some(1),

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::arch::ArchInfo;
 use crate::band::{BandRules, Categoriser};
 use crate::engine::{Engine, EngineError, Mode, Work};
-use crate::noise::{gated, GateConfig, GateStats};
+use crate::noise::{Gate, GateConfig, GateStats};
 use crate::stats::Sample;
 use crate::tokens::splitmix64;
 
@@ -602,7 +602,8 @@ pub fn run_ab(
         b.run(Mode::Fused)?;
         let logits_b = b.logits()?;
         let correctness = compare_logits(&logits_a, &logits_b, &cfg.tolerance);
-        let mut gate = GateStats::default();
+        // the canary on the larger of the two engines' thread counts
+        let mut gate = Gate::new(&cfg.gate, a.info().threads.max(b.info().threads));
         let (mut a_ms, mut b_ms) = (Vec::new(), Vec::new());
         for p in 0..cfg.pairs {
             progress(si as u32 * cfg.pairs + p, total, &label);
@@ -613,7 +614,7 @@ pub fn run_ab(
             };
             for is_a in order {
                 let engine: &mut dyn Engine = if is_a { &mut *a } else { &mut *b };
-                let r = gated(&cfg.gate, &mut gate, || engine.run(Mode::Fused))?;
+                let (r, _) = gate.run(|| engine.run(Mode::Fused))?;
                 if is_a {
                     a_ms.push(r.wall_ms);
                 } else {
@@ -663,7 +664,7 @@ pub fn run_ab(
             control_verdict: j.control_verdict,
             correctness,
             ledger: ledger(&names, &bands_a, &bands_b),
-            gate,
+            gate: gate.stats,
             a_ms,
             b_ms,
         });

@@ -9,8 +9,19 @@
 //! per-CPU figure: a share of the whole machine hides one busy loop on a large machine (one
 //! core of 16 is 6 %, under a 10 % gate), and one busy neighbour is what steals a measured
 //! thread's core.
+//!
+//! /proc only sees other processes of this machine. What slows it without them (a CPU quota,
+//! the hypervisor, shared memory bandwidth, the clock) is the canary's to see: a small fixed
+//! workload timed right before and after every run ([`canary`]); a run whose canary was slower
+//! than its recent best by more than the canary's threshold is retaken under the same rules.
 
 use std::time::Instant;
+
+pub mod canary;
+
+pub use canary::{
+    Canary, CanaryReading, CanaryState, ThreadCanary, CANARY_HISTORY, DEFAULT_CANARY_SLOWDOWN,
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -201,6 +212,11 @@ pub struct GateConfig {
     /// Retakes of a rejected sample before it is kept anyway (flagged).
     pub retries: u32,
     pub enabled: bool,
+    /// The canary's threshold: reject a sample when the canary's timings right before and
+    /// right after it were both more than this much slower than the canary's recent best (0.25
+    /// = 25 %). `None`: no canary (and in configurations stored before there was one).
+    #[serde(default)]
+    pub canary: Option<f64>,
 }
 
 impl Default for GateConfig {
@@ -209,6 +225,7 @@ impl Default for GateConfig {
             max_others: DEFAULT_MAX_OTHERS,
             retries: DEFAULT_RETRIES,
             enabled: true,
+            canary: Some(DEFAULT_CANARY_SLOWDOWN),
         }
     }
 }
@@ -227,9 +244,76 @@ pub struct GateStats {
     /// The largest share of one CPU the busiest other process used during a kept sample.
     #[serde(default)]
     pub max_busiest_kept: f64,
+    /// Samples rejected because the canary was slowed while /proc saw no other process busy
+    /// (counted in `rejected` too). The canary's fields are left out of the JSON at 0.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub rejected_by_canary: u32,
+    /// The canary's fastest timing, µs (0: no canary ran).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub canary_best_us: f64,
+    /// The largest slowdown of the canary over its recent best around a kept sample (0.3 = 30 %).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_canary_slowdown_kept: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+/// What the gate saw around one kept sample, stored with it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunNoise {
+    /// Samples rejected and retaken before this one was kept.
+    #[serde(default)]
+    pub retakes: u32,
+    /// Kept although still noisy (the retakes ran out).
+    #[serde(default)]
+    pub noisy: bool,
+    /// /proc over the kept sample: the busiest other process's share of one CPU, all others'
+    /// share of the machine (0 where the sample was too short to judge).
+    #[serde(default)]
+    pub busiest_share_of_cpu: f64,
+    #[serde(default)]
+    pub machine_share: f64,
+    /// The canary right before and after the kept sample, and its recent best then, µs (0: no
+    /// canary).
+    #[serde(default)]
+    pub canary_before_us: f64,
+    #[serde(default)]
+    pub canary_after_us: f64,
+    #[serde(default)]
+    pub canary_best_us: f64,
+}
+
+impl RunNoise {
+    /// The canary's slowdown over its best around this sample (0 without a canary).
+    pub fn canary_slowdown(&self) -> f64 {
+        CanaryReading {
+            before_us: self.canary_before_us,
+            after_us: self.canary_after_us,
+            best_us: self.canary_best_us,
+        }
+        .slowdown()
+    }
 }
 
 impl GateStats {
+    /// What the canary saw, in words; `None` where no canary ran.
+    pub fn canary_text(&self) -> Option<String> {
+        (self.canary_best_us > 0.0).then(|| {
+            format!(
+                "the canary ({:.0} µs at best) was slowed around {} runs /proc saw quiet (retaken), around kept runs by up to {:+.0} % over its recent best",
+                self.canary_best_us,
+                self.rejected_by_canary,
+                self.max_canary_slowdown_kept * 100.0
+            )
+        })
+    }
+
     pub fn rejection_rate(&self) -> f64 {
         let all = self.accepted + self.rejected;
         if all == 0 {
@@ -240,44 +324,164 @@ impl GateStats {
     }
 }
 
-/// Takes `sample` until the machine was quiet enough during it, at most `1 + retries` times.
-/// Samples too short for the kernel's tick (10 ms) to tell are accepted as they come.
-pub fn gated<T, E>(
-    cfg: &GateConfig,
-    stats: &mut GateStats,
-    mut sample: impl FnMut() -> Result<T, E>,
-) -> Result<T, E> {
-    let mut attempt = 0;
-    loop {
-        let before = if cfg.enabled { read_snapshot() } else { None };
+/// The gate over one measurement: its settings, what it saw, and the canary's timings.
+pub struct Gate {
+    pub cfg: GateConfig,
+    pub stats: GateStats,
+    canary: Option<CanaryState>,
+}
+
+/// One sample and what the gate saw around it, before any decision.
+pub struct Observed<T> {
+    pub value: T,
+    pub proc: Option<Reading>,
+    pub canary: Option<CanaryReading>,
+}
+
+impl<T> Observed<T> {
+    /// Whether /proc saw other processes busy during the sample.
+    pub fn proc_noisy(&self, cfg: &GateConfig) -> bool {
+        self.proc.is_some_and(|r| r.noisy(cfg.max_others))
+    }
+
+    /// Whether the canary was slowed around the sample.
+    pub fn canary_slowed(&self, cfg: &GateConfig) -> bool {
+        match (cfg.canary, self.canary) {
+            (Some(t), Some(c)) => c.slowdown() > t,
+            _ => false,
+        }
+    }
+
+    pub fn noisy(&self, cfg: &GateConfig) -> bool {
+        self.proc_noisy(cfg) || self.canary_slowed(cfg)
+    }
+
+    fn noise(&self, retakes: u32, noisy: bool) -> RunNoise {
+        let r = self.proc.unwrap_or(Reading {
+            machine_share: 0.0,
+            busiest_share_of_cpu: 0.0,
+            busiest_pid: 0,
+        });
+        let c = self.canary.unwrap_or(CanaryReading {
+            before_us: 0.0,
+            after_us: 0.0,
+            best_us: 0.0,
+        });
+        RunNoise {
+            retakes,
+            noisy,
+            busiest_share_of_cpu: r.busiest_share_of_cpu,
+            machine_share: r.machine_share,
+            canary_before_us: c.before_us,
+            canary_after_us: c.after_us,
+            canary_best_us: c.best_us,
+        }
+    }
+}
+
+impl Gate {
+    /// The gate of `cfg`, its canary on `threads` threads (the engine's).
+    pub fn new(cfg: &GateConfig, threads: u32) -> Gate {
+        let canary: Option<Box<dyn Canary>> = match cfg.canary {
+            Some(_) if cfg.enabled => Some(Box::new(ThreadCanary::new(threads))),
+            _ => None,
+        };
+        Gate::with_canary(cfg, canary)
+    }
+
+    /// The gate of `cfg` with the given canary (tests give scripted timings); `None`: none.
+    pub fn with_canary(cfg: &GateConfig, canary: Option<Box<dyn Canary>>) -> Gate {
+        Gate {
+            cfg: *cfg,
+            stats: GateStats::default(),
+            canary: canary
+                .filter(|_| cfg.enabled && cfg.canary.is_some())
+                .map(CanaryState::new),
+        }
+    }
+
+    /// Takes `sample` once and reads /proc and the canary around it, deciding nothing (a
+    /// cumulative pass, which cannot retake, counts what this says). /proc judges samples from
+    /// 20 ms (below, the kernel's 10 ms tick cannot tell); the canary judges every sample.
+    pub fn observe<T, E>(
+        &mut self,
+        sample: &mut dyn FnMut() -> Result<T, E>,
+    ) -> Result<Observed<T>, E> {
+        if !self.cfg.enabled {
+            return Ok(Observed {
+                value: sample()?,
+                proc: None,
+                canary: None,
+            });
+        }
+        let canary_before = self.canary.as_mut().map(|c| c.before());
+        let before = read_snapshot();
         let t0 = Instant::now();
         let value = sample()?;
         let elapsed = t0.elapsed();
-        let r = match (before, read_snapshot()) {
-            (Some(b), Some(a)) if cfg.enabled && elapsed.as_millis() >= 20 => reading(&b, &a),
-            _ => Reading {
-                machine_share: 0.0,
-                busiest_share_of_cpu: 0.0,
-                busiest_pid: 0,
-            },
+        let after = read_snapshot();
+        let canary = match (self.canary.as_mut(), canary_before) {
+            (Some(c), Some(b)) => Some(c.after(b)),
+            _ => None,
         };
-        let keep = |stats: &mut GateStats| {
-            stats.accepted += 1;
-            stats.max_others_kept = stats.max_others_kept.max(r.machine_share);
-            stats.max_busiest_kept = stats.max_busiest_kept.max(r.busiest_share_of_cpu);
+        if let Some(c) = canary {
+            if self.stats.canary_best_us == 0.0 || c.best_us < self.stats.canary_best_us {
+                self.stats.canary_best_us = c.best_us;
+            }
+        }
+        let proc = match (before, after) {
+            (Some(b), Some(a)) if elapsed.as_millis() >= 20 => Some(reading(&b, &a)),
+            _ => None,
         };
-        if !r.noisy(cfg.max_others) {
-            keep(stats);
-            return Ok(value);
-        }
-        if attempt >= cfg.retries {
-            keep(stats);
-            stats.kept_noisy += 1;
-            return Ok(value);
-        }
-        stats.rejected += 1;
-        attempt += 1;
+        Ok(Observed {
+            value,
+            proc,
+            canary,
+        })
     }
+
+    /// Takes `sample` until the machine was quiet enough during it (/proc) and around it (the
+    /// canary), at most `1 + retries` times; the kept sample and what the gate saw around it.
+    pub fn run<T, E>(
+        &mut self,
+        mut sample: impl FnMut() -> Result<T, E>,
+    ) -> Result<(T, RunNoise), E> {
+        let mut attempt = 0;
+        loop {
+            let o = self.observe(&mut sample)?;
+            let noisy = o.noisy(&self.cfg);
+            if !noisy || attempt >= self.cfg.retries {
+                let s = &mut self.stats;
+                s.accepted += 1;
+                s.kept_noisy += noisy as u32;
+                let n = o.noise(attempt, noisy);
+                s.max_others_kept = s.max_others_kept.max(n.machine_share);
+                s.max_busiest_kept = s.max_busiest_kept.max(n.busiest_share_of_cpu);
+                s.max_canary_slowdown_kept = s.max_canary_slowdown_kept.max(n.canary_slowdown());
+                return Ok((o.value, n));
+            }
+            self.stats.rejected += 1;
+            if !o.proc_noisy(&self.cfg) {
+                self.stats.rejected_by_canary += 1;
+            }
+            attempt += 1;
+        }
+    }
+}
+
+/// Takes `sample` until /proc saw the machine quiet enough during it, at most `1 + retries`
+/// times, without the canary (see [`Gate`] for the gate with it). Samples too short for the
+/// kernel's tick (10 ms) to tell are accepted as they come.
+pub fn gated<T, E>(
+    cfg: &GateConfig,
+    stats: &mut GateStats,
+    sample: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let mut gate = Gate::with_canary(cfg, None);
+    gate.stats = *stats;
+    let r = gate.run(sample);
+    *stats = gate.stats;
+    r.map(|(v, _)| v)
 }
 
 #[cfg(test)]
@@ -384,5 +588,191 @@ mod tests {
             Ok(())
         });
         assert_eq!(n, 1);
+    }
+
+    /// A canary that returns scripted timings (µs), counting its calls; past the script, the
+    /// last timing again.
+    struct Scripted {
+        timings: Vec<f64>,
+        calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Canary for Scripted {
+        fn time_us(&mut self) -> f64 {
+            let i = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.timings[i.min(self.timings.len() - 1)]
+        }
+    }
+
+    fn scripted(
+        cfg: &GateConfig,
+        timings: &[f64],
+    ) -> (Gate, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let c = Scripted {
+            timings: timings.to_vec(),
+            calls: calls.clone(),
+        };
+        (Gate::with_canary(cfg, Some(Box::new(c))), calls)
+    }
+
+    const PRIMED: [f64; canary::CANARY_PRIMING] = [1000.0; canary::CANARY_PRIMING];
+
+    #[test]
+    fn a_run_between_two_slowed_canaries_is_retaken_and_recorded() {
+        let cfg = GateConfig::default();
+        // learning the best: 6 x 1000 µs; run 1 between 1000 and 1100 (the faster side is at
+        // the best: kept); run 2 between 1400 and 1300 (both slowed, the faster by 30 % > 25 %:
+        // retaken); its retake between 990 and 1020 (kept, one retake)
+        let mut t = PRIMED.to_vec();
+        t.extend([1000.0, 1100.0, 1400.0, 1300.0, 990.0, 1020.0]);
+        let (mut gate, calls) = scripted(&cfg, &t);
+        let mut samples = 0;
+        let mut sample = || -> Result<u32, ()> {
+            samples += 1;
+            Ok(samples)
+        };
+        let (v1, n1) = gate.run(&mut sample).unwrap();
+        assert_eq!((v1, n1.retakes, n1.noisy), (1, 0, false));
+        assert_eq!(
+            (n1.canary_before_us, n1.canary_after_us, n1.canary_best_us),
+            (1000.0, 1100.0, 1000.0)
+        );
+        assert_eq!(n1.canary_slowdown(), 0.0);
+        let (v2, n2) = gate.run(&mut sample).unwrap();
+        // the second sample was thrown away, the third kept
+        assert_eq!((v2, n2.retakes, n2.noisy), (3, 1, false));
+        // the best is now 990 (the retake's own timing)
+        assert_eq!(
+            (n2.canary_before_us, n2.canary_after_us, n2.canary_best_us),
+            (990.0, 1020.0, 990.0)
+        );
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), t.len());
+        let s = gate.stats;
+        assert_eq!(
+            (s.accepted, s.rejected, s.rejected_by_canary, s.kept_noisy),
+            (2, 1, 1, 0)
+        );
+        assert_eq!(s.canary_best_us, 990.0);
+        // the largest slowdown kept: run 1's 0, run 2's 0 (the faster side at the best)
+        assert_eq!(s.max_canary_slowdown_kept, 0.0);
+    }
+
+    #[test]
+    fn one_slow_canary_alone_does_not_reject() {
+        // a canary preempted once before the run, the machine at speed after it
+        let mut t = PRIMED.to_vec();
+        t.extend([3000.0, 1000.0, 1000.0, 3000.0]);
+        let (mut gate, _) = scripted(&GateConfig::default(), &t);
+        for _ in 0..2 {
+            let (_, n) = gate.run(|| Ok::<_, ()>(())).unwrap();
+            assert_eq!((n.retakes, n.noisy), (0, false), "{n:?}");
+        }
+        assert_eq!(gate.stats.rejected, 0);
+    }
+
+    #[test]
+    fn a_lasting_slowdown_is_kept_as_noisy_then_becomes_the_new_best() {
+        let cfg = GateConfig {
+            retries: 2,
+            ..GateConfig::default()
+        };
+        // every timing after priming at 1500 µs: 50 % over the best of 1000
+        let mut t = PRIMED.to_vec();
+        t.push(1500.0);
+        let (mut gate, calls) = scripted(&cfg, &t);
+        let (_, n) = gate.run(|| Ok::<_, ()>(())).unwrap();
+        assert_eq!((n.retakes, n.noisy), (2, true));
+        assert!((n.canary_slowdown() - 0.5).abs() < 1e-12, "{n:?}");
+        let s = gate.stats;
+        assert_eq!(
+            (s.accepted, s.rejected, s.rejected_by_canary, s.kept_noisy),
+            (1, 2, 2, 1)
+        );
+        assert!((s.max_canary_slowdown_kept - 0.5).abs() < 1e-12);
+        // 6 priming + 3 attempts x 2 timings
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 12);
+        // the window holds CANARY_HISTORY timings: 6 priming and 6 slow ones so far; once the
+        // 1000s have left it, 1500 is the best and the runs pass
+        let mut runs = 0;
+        loop {
+            runs += 1;
+            let (_, n) = gate.run(|| Ok::<_, ()>(())).unwrap();
+            if !n.noisy {
+                assert_eq!(n.canary_best_us, 1500.0);
+                break;
+            }
+            assert!(runs < 20, "the best never adapted");
+        }
+        // the window's first 6 timings (the 1000s) are gone once 6 + 32 timings were taken:
+        // 12 so far, so at the 13th attempt from here (26 more timings). The loop's runs 1 to 4
+        // are noisy (attempts 1-3, 4-6, 7-9, 10-12), run 5 passes at its first attempt
+        assert_eq!(runs, 5);
+    }
+
+    #[test]
+    fn no_canary_when_it_or_the_gate_is_off() {
+        let t = [5000.0];
+        for cfg in [
+            GateConfig {
+                canary: None,
+                ..GateConfig::default()
+            },
+            GateConfig {
+                enabled: false,
+                ..GateConfig::default()
+            },
+        ] {
+            let (mut gate, calls) = scripted(&cfg, &t);
+            let (_, n) = gate.run(|| Ok::<_, ()>(())).unwrap();
+            assert_eq!(n, RunNoise::default());
+            assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
+            assert_eq!(gate.stats.canary_best_us, 0.0);
+        }
+    }
+
+    #[test]
+    fn the_canary_in_words() {
+        assert_eq!(GateStats::default().canary_text(), None);
+        let s = GateStats {
+            rejected: 3,
+            rejected_by_canary: 2,
+            canary_best_us: 812.4,
+            max_canary_slowdown_kept: 0.314,
+            ..GateStats::default()
+        };
+        assert_eq!(
+            s.canary_text().unwrap(),
+            "the canary (812 µs at best) was slowed around 2 runs /proc saw quiet (retaken), around kept runs by up to +31 % over its recent best"
+        );
+        let c = crate::profile::noise_check(&s, 0.1);
+        assert!(
+            c.detail.ends_with(&s.canary_text().unwrap()),
+            "{}",
+            c.detail
+        );
+    }
+
+    #[test]
+    fn stored_gate_settings_and_stats_without_a_canary_still_read() {
+        let cfg: GateConfig =
+            serde_json::from_str(r#"{"max_others":0.1,"retries":3,"enabled":true}"#).unwrap();
+        assert_eq!(cfg.canary, None);
+        let stats: GateStats = serde_json::from_str(
+            r#"{"accepted":5,"rejected":1,"kept_noisy":0,"max_others_kept":0.02}"#,
+        )
+        .unwrap();
+        assert_eq!((stats.rejected_by_canary, stats.canary_best_us), (0, 0.0));
+    }
+
+    #[test]
+    fn the_thread_canary_times_its_work() {
+        // the real canary: a positive, finite timing on one and on several threads
+        for threads in [1, 3] {
+            let mut c = ThreadCanary::new(threads);
+            assert_eq!(c.threads(), threads as usize);
+            let us = c.time_us();
+            assert!(us.is_finite() && us > 0.0, "{us}");
+        }
     }
 }

@@ -162,7 +162,11 @@ pub(crate) fn figures(s: &ProfileSummary) -> Vec<String> {
             s.noise_gate.kept_noisy,
             s.noise_gate.max_busiest_kept * 100.0,
             s.noise_gate.max_others_kept * 100.0
-        ),
+        ) + &s
+            .noise_gate
+            .canary_text()
+            .map(|t| format!("; {t}"))
+            .unwrap_or_default(),
         format!(
             "from the fastest run of each mode: agreement {:+.2} %, overhead {:.4}",
             s.agreement_of_minimums * 100.0,

@@ -48,6 +48,14 @@ pub struct WorkArgs {
     /// Turn the noise gate off.
     #[arg(long)]
     pub no_noise_gate: bool,
+    /// The canary's threshold: reject and retake a run when a small fixed workload timed right
+    /// before and right after it was both times more than this much slower than its recent best
+    /// (0.25 = 25 %): a slowdown /proc cannot see (CPU quota, hypervisor, memory bandwidth).
+    #[arg(long, default_value_t = opledger_core::noise::DEFAULT_CANARY_SLOWDOWN, value_parser = super::flags::slowdown, allow_negative_numbers = true)]
+    pub canary: f64,
+    /// Turn the canary off (the /proc gate stays).
+    #[arg(long)]
+    pub no_canary: bool,
 }
 
 impl WorkArgs {
@@ -77,6 +85,7 @@ impl WorkArgs {
             gate: opledger_core::noise::GateConfig {
                 max_others: self.noise_gate,
                 enabled: !self.no_noise_gate,
+                canary: (!self.no_canary).then_some(self.canary),
                 ..Default::default()
             },
             tolerance: Tolerance {

@@ -62,6 +62,17 @@ pub fn share(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// `--canary`: a slowdown above 0 (0.25 = 25 % slower than the canary's best).
+pub fn slowdown(s: &str) -> Result<f64, String> {
+    let v = finite(s)?;
+    if v <= 0.0 {
+        return Err(format!(
+            "{v} is not a slowdown above 0 (0.25: 25 % slower than the canary's best)"
+        ));
+    }
+    Ok(v)
+}
+
 /// `--min-effect`: a relative change, at least 0 and below 1.
 pub fn effect(s: &str) -> Result<f64, String> {
     let v = finite(s)?;

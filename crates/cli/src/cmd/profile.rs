@@ -51,6 +51,14 @@ pub struct ProfileArgs {
     /// Turn the noise gate off.
     #[arg(long)]
     pub no_noise_gate: bool,
+    /// The canary's threshold: reject and retake a run when a small fixed workload timed right
+    /// before and right after it was both times more than this much slower than its recent best
+    /// (0.25 = 25 %): a slowdown /proc cannot see (CPU quota, hypervisor, memory bandwidth).
+    #[arg(long, default_value_t = opledger_core::noise::DEFAULT_CANARY_SLOWDOWN, value_parser = super::flags::slowdown, allow_negative_numbers = true)]
+    pub canary: f64,
+    /// Turn the canary off (the /proc gate stays).
+    #[arg(long)]
+    pub no_canary: bool,
     /// Extra interleaved FUSED / FUSED-with-instrument pairs for the overhead estimate.
     #[arg(long, default_value_t = 0)]
     pub overhead_pairs: u32,
@@ -103,6 +111,7 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
             max_others: args.noise_gate,
             retries: opledger_core::noise::DEFAULT_RETRIES,
             enabled: !args.no_noise_gate,
+            canary: (!args.no_canary).then_some(args.canary),
         },
     };
     // Create the folder first: a taken name fails before minutes of measuring.

@@ -63,6 +63,12 @@ fn bad_flag_values_are_refused_with_exit_2_and_leave_no_folder() {
             &["profile", "--noise-gate", "1.5"],
             "not a share between 0 and 1",
         ),
+        (&["profile", "--canary", "0"], "not a slowdown above 0"),
+        (&["profile", "--canary", "inf"], "not a finite number"),
+        (
+            &["ab", "--b", "threads=1", "--canary", "-0.5"],
+            "not a slowdown above 0",
+        ),
         (&["graph", "-p", "0"], "must be at least 1"),
         (
             &["sweep", "-p", "512", "--max-depth", "100"],

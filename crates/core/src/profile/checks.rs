@@ -34,7 +34,10 @@ pub fn noise_check(gate: &GateStats, max_others: f64) -> Check {
             gate.kept_noisy,
             gate.max_busiest_kept * 100.0,
             gate.max_others_kept * 100.0
-        ),
+        ) + &gate
+            .canary_text()
+            .map(|t| format!("; {t}"))
+            .unwrap_or_default(),
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use super::{CycleRecord, ProfileConfig, ProfileRaw, PROFILE_SCHEMA_VERSION};
 use crate::engine::{Engine, EngineError, Mode};
 use crate::node::NodeInfo;
+use crate::noise::{Gate, RunNoise};
 
 /// The orders cycles rotate through: FUSED and FUSED-observed stay adjacent (their ratio is the
 /// overhead), and each mode takes each position.
@@ -55,14 +56,14 @@ pub fn measure_with(
             engine.run(mode)?;
         }
     }
-    let mut gate = crate::noise::GateStats::default();
+    // the canary on as many threads as the engine computes with
+    let mut gate = Gate::new(&cfg.gate, engine.info().threads);
     let mut cycles = Vec::with_capacity(cfg.cycles as usize);
     for c in 0..cfg.cycles {
         progress("measuring", c, cfg.cycles);
         let order = ORDERS[c as usize % ORDERS.len()];
         cycles.push(measure_cycle(
             engine,
-            cfg,
             &mut gate,
             &mut note,
             order,
@@ -70,9 +71,12 @@ pub fn measure_with(
         )?);
     }
     let mut overhead_pairs = Vec::with_capacity(cfg.overhead_pairs as usize);
+    let mut overhead_pairs_noise = Vec::with_capacity(cfg.overhead_pairs as usize);
     for p in 0..cfg.overhead_pairs {
         progress("overhead pairs", p, cfg.overhead_pairs);
-        overhead_pairs.push(overhead_pair(engine, cfg, &mut gate, &mut note, p)?);
+        let (pair, noise) = overhead_pair(engine, &mut gate, &mut note, p)?;
+        overhead_pairs.push(pair);
+        overhead_pairs_noise.push(noise);
     }
     progress("done", 1, 1);
     let node_steps = if cfg.work.is_decode() && !engine.graph_lists_every_step() {
@@ -87,7 +91,8 @@ pub fn measure_with(
         cycles,
         output_hashes: hashes,
         overhead_pairs,
-        gate,
+        overhead_pairs_noise,
+        gate: gate.stats,
         outputs_checked_finite: true,
         node_steps: Some(node_steps),
         one_process_fused_ms: Vec::new(),
@@ -100,15 +105,16 @@ pub fn measure_with(
 /// hash shown to `note`, then the engine's isolation calibration.
 fn measure_cycle(
     engine: &mut dyn Engine,
-    cfg: &ProfileConfig,
-    gate: &mut crate::noise::GateStats,
+    gate: &mut Gate,
     note: &mut dyn FnMut(Mode, u64),
     order: [Mode; 3],
     nodes: usize,
 ) -> Result<CycleRecord, EngineError> {
     let (mut fused, mut observed, mut timed) = (None, None, None);
+    let mut noise = Vec::with_capacity(order.len());
     for mode in order {
-        let r = crate::noise::gated(&cfg.gate, gate, || engine.run(mode))?;
+        let (r, n) = gate.run(|| engine.run(mode))?;
+        noise.push(n);
         note(mode, r.output_hash);
         match mode {
             Mode::Fused => fused = Some(r),
@@ -140,32 +146,37 @@ fn measure_cycle(
         node_us: timed.node_us,
         isolation_us,
         isolation_node_us,
+        noise,
     })
 }
 
+/// An overhead pair's walls (FUSED ms, FUSED-with-instrument ms) and what the gate saw around
+/// each run.
+type PairWithNoise = ((f64, f64), (RunNoise, RunNoise));
+
 /// Extra overhead pair `p`: FUSED and FUSED with the instrument, in alternating order, through
-/// the noise gate; (FUSED ms, FUSED-with-instrument ms).
+/// the noise gate; (FUSED ms, FUSED-with-instrument ms), and what the gate saw around each.
 fn overhead_pair(
     engine: &mut dyn Engine,
-    cfg: &ProfileConfig,
-    gate: &mut crate::noise::GateStats,
+    gate: &mut Gate,
     note: &mut dyn FnMut(Mode, u64),
     p: u32,
-) -> Result<(f64, f64), EngineError> {
+) -> Result<PairWithNoise, EngineError> {
     let order = if p.is_multiple_of(2) {
         [Mode::Fused, Mode::FusedObserved]
     } else {
         [Mode::FusedObserved, Mode::Fused]
     };
     let (mut fused, mut observed) = (0.0, 0.0);
+    let (mut fused_noise, mut observed_noise) = (RunNoise::default(), RunNoise::default());
     for mode in order {
-        let r = crate::noise::gated(&cfg.gate, gate, || engine.run(mode))?;
+        let (r, n) = gate.run(|| engine.run(mode))?;
         note(mode, r.output_hash);
         if mode == Mode::Fused {
-            fused = r.wall_ms;
+            (fused, fused_noise) = (r.wall_ms, n);
         } else {
-            observed = r.wall_ms;
+            (observed, observed_noise) = (r.wall_ms, n);
         }
     }
-    Ok((fused, observed))
+    Ok(((fused, observed), (fused_noise, observed_noise)))
 }

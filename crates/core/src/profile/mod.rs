@@ -63,6 +63,10 @@ pub struct CycleRecord {
     pub isolation_us: Option<f64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub isolation_node_us: Vec<f64>,
+    /// What the noise gate saw around each of the three runs, in `order` (empty in runs stored
+    /// before it was recorded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub noise: Vec<crate::noise::RunNoise>,
 }
 
 /// Everything measured, as stored in a run folder's `raw.json`; the summary is a pure function
@@ -78,6 +82,9 @@ pub struct ProfileRaw {
     /// The extra overhead pairs: (FUSED ms, FUSED-with-instrument ms).
     #[serde(default)]
     pub overhead_pairs: Vec<(f64, f64)>,
+    /// What the noise gate saw around each run of the extra pairs: (FUSED, with the instrument).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overhead_pairs_noise: Vec<(crate::noise::RunNoise, crate::noise::RunNoise)>,
     /// What the noise gate rejected and kept.
     #[serde(default)]
     pub gate: crate::noise::GateStats,

@@ -396,6 +396,7 @@ fn a_band_point_lies_within_its_range() {
         node_us: t.to_vec(),
         isolation_us: None,
         isolation_node_us: Vec::new(),
+        noise: Vec::new(),
     };
     let raw = ProfileRaw {
         schema_version: PROFILE_SCHEMA_VERSION,
@@ -408,6 +409,7 @@ fn a_band_point_lies_within_its_range() {
         ],
         output_hashes: BTreeMap::new(),
         overhead_pairs: Vec::new(),
+        overhead_pairs_noise: Vec::new(),
         gate: Default::default(),
         outputs_checked_finite: true,
         node_steps: None,
@@ -473,6 +475,7 @@ fn a_decode_remainder_is_taken_from_every_working_node_not_by_share() {
         node_us: vec![4.0 * 17.0, 4.0 * 37.0],
         isolation_us: Some(5.0),
         isolation_node_us: vec![5.0, 5.0],
+        noise: Vec::new(),
     };
     let raw = ProfileRaw {
         schema_version: PROFILE_SCHEMA_VERSION,
@@ -481,6 +484,7 @@ fn a_decode_remainder_is_taken_from_every_working_node_not_by_share() {
         cycles: vec![cycle.clone(), cycle],
         output_hashes: BTreeMap::new(),
         overhead_pairs: Vec::new(),
+        overhead_pairs_noise: Vec::new(),
         gate: Default::default(),
         outputs_checked_finite: true,
         node_steps: Some(4),

@@ -219,8 +219,9 @@ pub struct PassLog {
     pub fill_ms: f64,
     /// Everything the mode cost in the cycle: fill, its units, storing.
     pub total_ms: f64,
-    /// Units measured while other processes used more than the noise gate allows (a cumulative
-    /// pass cannot retake a chunk: they are counted, not rejected).
+    /// Units measured while other processes used more than the noise gate allows, or between
+    /// two slowed canaries (a cumulative pass cannot retake a chunk: they are counted, not
+    /// rejected).
     #[serde(default)]
     pub noisy_chunks: u32,
 }

@@ -67,6 +67,9 @@ pub fn run_sweep(
     let units = cfg.chunks * per_chunk;
     let total = cfg.cycles as u64 * 2 * units as u64;
     let mut done = 0u64;
+    // the noise gate's judgement without its retakes: /proc and the canary on the engine's threads
+    let mut gate =
+        crate::noise::Gate::new(&crate::noise::GateConfig::default(), engine.info().threads);
     const MODES: [Mode; 2] = [Mode::Fused, Mode::Timed];
     for cycle in 0..cfg.cycles {
         let mut first = [0u32; 2];
@@ -140,27 +143,22 @@ pub fn run_sweep(
                     ),
                 );
                 let t_unit = Instant::now();
-                let before = crate::noise::read_snapshot();
-                let t = match (phase, cfg.decode) {
-                    (Phase::Prefill, _) => engine.pass_chunk(mode, chunk)?,
+                let o = gate.observe(&mut || match (phase, cfg.decode) {
+                    (Phase::Prefill, _) => engine.pass_chunk(mode, chunk),
                     (Phase::Decode, Some(d)) => {
-                        engine.pass_decode(mode, chunk, d.steps, d.parallel)?
+                        engine.pass_decode(mode, chunk, d.steps, d.parallel)
                     }
                     (Phase::Decode, None) => {
                         unreachable!("decode units only where the sweep decodes")
                     }
-                };
-                // judged as the gate judges: on the wall this process saw, from 20 ms
-                let judged = t_unit.elapsed().as_millis() >= 20;
-                if let (Some(b), Some(a)) = (before, crate::noise::read_snapshot()) {
-                    if judged
-                        && crate::noise::reading(&b, &a).noisy(crate::noise::DEFAULT_MAX_OTHERS)
-                    {
-                        if let Some((_, log)) = logs[m].as_mut() {
-                            log.noisy_chunks += 1;
-                        }
+                })?;
+                // judged as the gate judges (/proc from 20 ms of the unit, the canary around it)
+                if o.noisy(&gate.cfg) {
+                    if let Some((_, log)) = logs[m].as_mut() {
+                        log.noisy_chunks += 1;
                     }
                 }
+                let t = o.value;
                 let want = match phase {
                     Phase::Prefill => graph_len,
                     Phase::Decode => decode_graph_len,

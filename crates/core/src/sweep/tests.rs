@@ -71,9 +71,20 @@ impl DepthMock {
     }
 }
 
+/// What the sweep asks of the mocks: their thread count (the canary's).
+fn mock_info() -> crate::engine::EngineInfo {
+    crate::engine::EngineInfo {
+        engine: "mock".into(),
+        version: String::new(),
+        backend: "CPU".into(),
+        threads: 1,
+        settings: Default::default(),
+    }
+}
+
 impl Engine for DepthMock {
     fn info(&self) -> crate::engine::EngineInfo {
-        unimplemented!()
+        mock_info()
     }
     fn prepare(&mut self, _: &Work) -> Result<(), EngineError> {
         Ok(())
@@ -640,7 +651,7 @@ struct SlidingMock {
 
 impl Engine for SlidingMock {
     fn info(&self) -> crate::engine::EngineInfo {
-        unimplemented!()
+        mock_info()
     }
     fn prepare(&mut self, _: &Work) -> Result<(), EngineError> {
         Ok(())

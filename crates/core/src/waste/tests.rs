@@ -477,10 +477,12 @@ fn raw_of(graph: Vec<NodeInfo>, times: &[&[f64]], fused_ms: f64) -> ProfileRaw {
                 node_us: t.to_vec(),
                 isolation_us: None,
                 isolation_node_us: vec![],
+                noise: Vec::new(),
             })
             .collect(),
         output_hashes: BTreeMap::new(),
         overhead_pairs: vec![],
+        overhead_pairs_noise: Vec::new(),
         gate: Default::default(),
         outputs_checked_finite: true,
         node_steps: Some(1),
