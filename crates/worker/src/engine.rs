@@ -116,6 +116,9 @@ impl WorkerEngine {
                 why: e.to_string(),
             })?;
         let mut proc = WorkerProcess::start(&cfg.worker, cfg.timeout, cfg.verbose)?;
+        // the worker computes the measured graph: the noise gate counts its CPU time as the
+        // run's own, not another process's
+        opledger_core::noise::count_as_own(&[proc.pid()]);
         let loaded: Loaded = proc.request(
             "load",
             fields(json!({

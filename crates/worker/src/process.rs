@@ -164,6 +164,11 @@ impl WorkerProcess {
         &self.path
     }
 
+    /// The worker's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn hello(&self) -> &Hello {
         &self.hello
     }
