@@ -66,6 +66,18 @@ pub struct ImportStats {
     /// Distinct spans no rule matched (name, category, parent), with their self ms per step.
     pub unassigned: Vec<(String, String, String, f64)>,
     pub not_measurable: Vec<String>,
+    /// Per step, the sum of every span's self time over the step's wall (1: one thread at a
+    /// time; above: threads or streams working at once), median and range over the steps;
+    /// absent for node records, which carry no threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<opledger_core::stats::Spread>,
+    /// Spans of another thread read after their step was finished: the step thread's time
+    /// under them could not be removed (see `core::trace::RETAINED_PIECES`).
+    #[serde(default)]
+    pub late_spans: u64,
+    /// What the reader noticed without refusing the trace (an event array cut short).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// An imported run, ready to be written.
@@ -207,6 +219,9 @@ pub fn run_records(
         distinct_spans: rec.graph.len(),
         unassigned: Vec::new(),
         not_measurable: Vec::new(),
+        concurrency: None,
+        late_spans: 0,
+        notes: Vec::new(),
     };
     Ok(Imported {
         manifest,
@@ -379,6 +394,17 @@ fn build(
         distinct_spans: used.len(),
         unassigned,
         not_measurable: not_measurable(),
+        concurrency: opledger_core::stats::Sample::new(
+            &trace
+                .steps
+                .iter()
+                .map(|s| s.concurrency())
+                .collect::<Vec<_>>(),
+        )
+        .ok()
+        .map(|s| s.spread()),
+        late_spans: trace.late,
+        notes: trace.notes.clone(),
     };
     let settings: BTreeMap<String, String> = [
         ("imported_from", hash.path.clone()),
