@@ -72,6 +72,9 @@ pub fn run(args: ImportArgs) -> Result<ExitCode> {
                 "{}",
                 opledger_report::profile_text(&imported.manifest, &summary)
             );
+            for n in &imported.stats.not_measurable {
+                println!("not measured: {n}");
+            }
             println!("run folder: {}", path.display());
         }
         return Ok(super::common::exit(opledger_app::outcome::of_checks(
