@@ -48,8 +48,9 @@ const PENDING_CAP: usize = 1 << 20;
 /// The step thread's pieces of self time (a span's interval outside its children) kept for the
 /// steps not yet finished, waiting for spans of other threads in their window; beyond this the
 /// oldest closed steps are finished (a span of another thread read after its step was finished
-/// is counted as `late`: the step thread's time under it could not be removed).
-pub const RETAINED_PIECES: usize = 1 << 18;
+/// is counted as `late`: the step thread's time under it could not be removed). Small in this
+/// crate's unit tests, so that they reach it quickly.
+pub const RETAINED_PIECES: usize = if cfg!(test) { 1 << 10 } else { 1 << 18 };
 
 /// What identifies a span: its name, category and the arguments the rules read.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -1289,6 +1290,36 @@ mod tests {
           {"ph":"X","name":"norm","ts":60,"dur":10,"pid":1,"tid":1}
         ]"#;
         check_two_workers(&read(t, "^forward$").unwrap());
+    }
+
+    #[test]
+    fn a_worker_span_read_after_its_step_was_finished_is_counted_late() {
+        // more steps than the reader keeps pieces for: the first step is finished before a
+        // worker's span inside it is read (X events of a worker written at the very end)
+        let steps = RETAINED_PIECES + 10;
+        let mut t = String::from("[");
+        for i in 0..steps {
+            t.push_str(&format!(
+                r#"{{"ph":"X","name":"forward","ts":{},"dur":10,"pid":1,"tid":1}},"#,
+                i * 20
+            ));
+        }
+        t.push_str(r#"{"ph":"X","name":"mm","ts":2,"dur":5,"pid":1,"tid":2}]"#);
+        let s = read(&t, "^forward$").unwrap();
+        assert_eq!(s.steps.len(), steps);
+        assert_eq!(s.late, 1);
+        // counted, but the step's thread keeps its time under it: 10 + 5 over a wall of 10
+        assert_eq!(self_of(&s, 0, "mm"), 5.0);
+        assert_eq!(self_of(&s, 0, "forward"), 10.0);
+        // a step still held is reduced as usual
+        let last = steps - 1;
+        let t = t.replace(
+            r#""ts":2,"dur":5,"pid":1,"tid":2"#,
+            &format!(r#""ts":{},"dur":5,"pid":1,"tid":2"#, last * 20 + 2),
+        );
+        let s = read(&t, "^forward$").unwrap();
+        assert_eq!(s.late, 0);
+        assert_eq!(self_of(&s, last, "forward"), 5.0);
     }
 
     #[test]
