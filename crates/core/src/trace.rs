@@ -434,29 +434,36 @@ struct StepWin {
 }
 
 impl StepWin {
-    /// Each piece of the step thread's self time, less where another thread's span ran, into
-    /// `self_by_key`; the pieces and intervals are let go.
+    /// Removes from the step thread's self times (already in `self_by_key`) each piece's overlap
+    /// with the intervals where another thread's span ran; the pieces and intervals are let go.
+    /// A step no other thread worked in has nothing to remove.
     fn finish(&mut self) {
         let mut busy = std::mem::take(&mut self.busy);
-        busy.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let mut merged: Vec<(f64, f64)> = Vec::with_capacity(busy.len());
-        for (s, e) in busy {
-            match merged.last_mut() {
-                Some(last) if s <= last.1 => last.1 = last.1.max(e),
-                _ => merged.push((s, e)),
-            }
-        }
-        for (key, a, b) in std::mem::take(&mut self.pieces) {
-            // the merged intervals are disjoint and sorted: those ending after `a`
-            let first = merged.partition_point(|&(_, e)| e <= a);
-            let mut covered = 0.0;
-            for &(s, e) in &merged[first..] {
-                if s >= b {
-                    break;
+        let pieces = std::mem::take(&mut self.pieces);
+        if !busy.is_empty() {
+            busy.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let mut merged: Vec<(f64, f64)> = Vec::with_capacity(busy.len());
+            for (s, e) in busy {
+                match merged.last_mut() {
+                    Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                    _ => merged.push((s, e)),
                 }
-                covered += e.min(b) - s.max(a);
             }
-            *self.self_by_key.entry(key).or_default() += (b - a - covered).max(0.0);
+            for (key, a, b) in pieces {
+                // the merged intervals are disjoint and sorted: those ending after `a`
+                let first = merged.partition_point(|&(_, e)| e <= a);
+                let mut covered = 0.0;
+                for &(s, e) in &merged[first..] {
+                    if s >= b {
+                        break;
+                    }
+                    covered += e.min(b) - s.max(a);
+                }
+                if covered > 0.0 {
+                    let v = self.self_by_key.entry(key).or_default();
+                    *v = (*v - covered).max(0.0);
+                }
+            }
         }
         self.finished = true;
     }
@@ -770,8 +777,9 @@ impl<'o> State<'o> {
     }
 
     /// A span closed: its self time goes to its step, its duration to its parent. On the step's
-    /// thread the self time is kept as pieces (the gaps between its children) until the step
-    /// is finished; on another thread, an outermost span marks its interval busy in its step.
+    /// thread the pieces of its self time (the gaps between its children) are kept until the
+    /// step is finished, to remove from it where other threads ran; on another thread, an
+    /// outermost span marks its interval busy in its step.
     fn finish(&mut self, tid: usize, f: Frame) {
         let end = f.end.expect("closed spans have an end");
         let dur = end - f.start;
@@ -794,7 +802,9 @@ impl<'o> State<'o> {
         }
         if let Some(step) = f.step {
             self.piece(step, f.key, f.cursor, end);
-            self.steps[step].spans += 1;
+            let w = &mut self.steps[step];
+            *w.self_by_key.entry(f.key).or_default() += self_time;
+            w.spans += 1;
             if f.is_step {
                 self.finish_closed_steps();
             }
@@ -809,17 +819,13 @@ impl<'o> State<'o> {
         }
     }
 
-    /// A piece of the step thread's self time.
+    /// A piece of the step thread's self time, kept until its step is finished (a step is
+    /// finished only once closed, after every span of its own thread).
     fn piece(&mut self, step: usize, key: u32, a: f64, b: f64) {
-        if b - a > 0.0 {
-            let w = &mut self.steps[step];
-            if w.finished {
-                // a step finished early (see RETAINED_PIECES) whose own thread still runs
-                *w.self_by_key.entry(key).or_default() += b - a;
-            } else {
-                w.pieces.push((key, a, b));
-                self.retained += 1;
-            }
+        let w = &mut self.steps[step];
+        if b - a > 0.0 && !w.finished {
+            w.pieces.push((key, a, b));
+            self.retained += 1;
         }
     }
 
