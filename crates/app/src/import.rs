@@ -66,6 +66,18 @@ pub struct ImportStats {
     /// Distinct spans no rule matched (name, category, parent), with their self ms per step.
     pub unassigned: Vec<(String, String, String, f64)>,
     pub not_measurable: Vec<String>,
+    /// Per step, the sum of every span's self time over the step's wall (1: one thread at a
+    /// time; above: threads or streams working at once), median and range over the steps;
+    /// absent for node records, which carry no threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<opledger_core::stats::Spread>,
+    /// Spans of another thread read after their step was finished: the step thread's time
+    /// under them could not be removed (see `core::trace::RETAINED_PIECES`).
+    #[serde(default)]
+    pub late_spans: u64,
+    /// What the reader noticed without refusing the trace (an event array cut short).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// An imported run, ready to be written.
@@ -83,6 +95,19 @@ pub fn not_measurable() -> Vec<String> {
         "outputs: the trace carries no logits to check identical or finite".into(),
         "noise: opledger did not run the engine, so no noise gate was around it".into(),
     ]
+}
+
+/// What node records cannot carry: the run with the instrument installed and the noise gate;
+/// the outputs where the records hold no hashes.
+fn records_not_measurable(raw: &ProfileRaw) -> Vec<String> {
+    let mut out = vec![
+        "overhead: node records carry no run with the instrument installed".to_string(),
+        "noise: opledger did not run the engine, so no noise gate was around it".into(),
+    ];
+    if raw.output_hashes.is_empty() {
+        out.push("outputs: the records carry no output hashes".into());
+    }
+    out
 }
 
 /// Reads opledger's node records (JSON lines): the run's nodes, times and walls as the engine
@@ -106,48 +131,27 @@ pub fn run_records(
         Some(r) => r.clone(),
         None => BandRules::builtin(&arch.arch)?,
     };
-    let tokens = tokens.unwrap_or(rec.tokens);
-    let raw = ProfileRaw {
-        schema_version: PROFILE_SCHEMA_VERSION,
-        config: ProfileConfig {
-            work: Work::prefill(tokens, 0),
-            cycles: rec.runs.len() as u32,
-            warmup: 0,
-            overhead_pairs: 0,
-            gate: opledger_core::noise::GateConfig {
-                enabled: false,
-                ..Default::default()
-            },
-        },
-        graph: rec.graph.clone(),
-        cycles: rec
-            .runs
-            .iter()
-            .map(|(us, timed_wall, fused)| CycleRecord {
-                order: vec![Mode::Fused, Mode::Timed],
-                fused_ms: *fused,
-                fused_observed_ms: *fused,
-                timed_wall_ms: *timed_wall,
-                node_us: us.clone(),
-                isolation_us: None,
-                isolation_node_us: Vec::new(),
-                noise: Vec::new(),
-            })
-            .collect(),
-        output_hashes: BTreeMap::new(),
-        overhead_pairs: Vec::new(),
-        overhead_pairs_noise: Vec::new(),
-        gate: Default::default(),
-        outputs_checked_finite: false,
-        node_steps: Some(1),
-        one_process_fused_ms: Vec::new(),
-        one_process_outputs: None,
-        one_process_skipped: None,
-    };
+    if let Some(t) = tokens {
+        if rec.work.is_decode() && t != rec.tokens {
+            bail!(
+                "{file}: --tokens {t}: the records are a decode run of {} tokens ({} steps of {} sequences); their tokens cannot be changed",
+                rec.tokens,
+                rec.work.decode_tokens,
+                rec.work.parallel
+            );
+        }
+    }
+    let raw = rec.to_raw(tokens);
     let settings: BTreeMap<String, String> = [
         ("imported_from", hash.path.clone()),
         ("records_blake3", hash.blake3.clone()),
-        ("format", "opledger node records (jsonl)".to_string()),
+        (
+            "format",
+            format!(
+                "opledger node records (jsonl), schema version {}",
+                rec.schema_version
+            ),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -208,7 +212,10 @@ pub fn run_records(
         steps: rec.runs.len(),
         distinct_spans: rec.graph.len(),
         unassigned: Vec::new(),
-        not_measurable: Vec::new(),
+        not_measurable: records_not_measurable(&raw),
+        concurrency: None,
+        late_spans: 0,
+        notes: Vec::new(),
     };
     Ok(Imported {
         manifest,
@@ -383,6 +390,17 @@ fn build(
         distinct_spans: used.len(),
         unassigned,
         not_measurable: not_measurable(),
+        concurrency: opledger_core::stats::Sample::new(
+            &trace
+                .steps
+                .iter()
+                .map(|s| s.concurrency())
+                .collect::<Vec<_>>(),
+        )
+        .ok()
+        .map(|s| s.spread()),
+        late_spans: trace.late,
+        notes: trace.notes.clone(),
     };
     let settings: BTreeMap<String, String> = [
         ("imported_from", hash.path.clone()),

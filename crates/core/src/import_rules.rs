@@ -208,7 +208,7 @@ mod tests {
             Some("dense_ffn")
         );
         assert_eq!(r.band_of(&key("attn", "", "model", &[])), Some("attention"));
-        assert_eq!(r.band_of(&key("qmatmul", "", "model", &[])), Some("other"));
+        assert_eq!(r.band_of(&key("qmatmul", "", "output", &[])), Some("other"));
         assert_eq!(r.band_of(&key("mystery", "", "model", &[])), None);
         let text = r#"
             engine = "torch"
@@ -235,6 +235,175 @@ mod tests {
             r.band_of(&key("aten::mm", "cuda", "", &[("Input Dims", "[[4,8]]")])),
             None
         );
+    }
+
+    /// (span, parent, band) as the shipped candle rules must read them.
+    fn expect(cases: &[(&str, &str, &str)]) {
+        let r = ImportRules::builtin("candle").unwrap().unwrap();
+        for (name, parent, band) in cases {
+            assert_eq!(
+                r.band_of(&key(name, "", parent, &[])),
+                Some(*band),
+                "'{name}' in '{parent}'"
+            );
+        }
+    }
+
+    /// The step pattern of the shipped candle rules.
+    fn candle_step() -> Regex {
+        let r = ImportRules::builtin("candle").unwrap().unwrap();
+        Regex::new(r.text.step.as_deref().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn candle_llama_qwen2_phi_phi3_lfm2_rotary_inside_attention() {
+        // quantized_llama.rs, quantized_qwen2.rs, quantized_phi*.rs, quantized_lfm2.rs: the
+        // rotary embedding's span "attn-rot" inside "attn"
+        expect(&[
+            ("attn-rot", "attn", "attention"),
+            ("attn", "model", "attention"),
+            ("qmatmul", "attn", "projections"),
+            ("rms-norm", "attn", "attention"),
+            ("attn-mlp", "model", "dense_ffn"),
+            ("qmatmul", "attn-mlp", "dense_ffn"),
+            ("rms-norm", "model", "other"),
+            ("embedding", "model", "other"),
+            ("output", "model", "other"),
+            ("qmatmul", "output", "other"),
+            ("rms-norm", "output", "other"),
+        ]);
+    }
+
+    #[test]
+    fn candle_mlp_spans_of_qwen3_lfm2_stable_lm_and_mlps_without_a_span() {
+        expect(&[
+            // quantized_qwen3.rs, quantized_stable_lm.rs: "mlp"; quantized_lfm2.rs: "ffn"
+            ("mlp", "model", "dense_ffn"),
+            ("qmatmul", "mlp", "dense_ffn"),
+            ("mlp", "layer", "dense_ffn"),
+            ("ffn", "model", "dense_ffn"),
+            ("qmatmul", "ffn", "dense_ffn"),
+            // quantized_stable_lm.rs: the decoder layer's own span and its norms
+            ("layer", "model", "other"),
+            ("attn", "layer", "attention"),
+            ("layer-norm", "layer", "other"),
+            // quantized_phi.rs, quantized_phi3.rs, quantized_glm4.rs: the MLP has no span, its
+            // matmuls run in the step span (the head runs in "output")
+            ("qmatmul", "model", "dense_ffn"),
+        ]);
+    }
+
+    #[test]
+    fn candle_mixformer_metavoice_mpt() {
+        let step = candle_step();
+        assert!(step.is_match("mixformer") && step.is_match("qtransformer"));
+        assert!(step.is_match("model") && !step.is_match("block"));
+        expect(&[
+            // quantized_mixformer.rs: step "mixformer" > "block" > "mha"; the MLP in the block,
+            // the head in the step
+            ("mixformer", "", "other"),
+            ("block", "mixformer", "other"),
+            ("mha", "block", "attention"),
+            ("qmatmul", "mha", "projections"),
+            ("qmatmul", "block", "dense_ffn"),
+            ("layer-norm", "block", "other"),
+            ("qmatmul", "mixformer", "other"),
+            // quantized_metavoice.rs: "qtransformer" > "block" > "attention" / "feed-forward"
+            ("qtransformer", "", "other"),
+            ("block", "qtransformer", "other"),
+            ("attention", "block", "attention"),
+            ("qmatmul", "attention", "projections"),
+            ("feed-forward", "block", "dense_ffn"),
+            ("qmatmul", "feed-forward", "dense_ffn"),
+            // quantized_mpt.rs: attention "gqa"
+            ("gqa", "block", "attention"),
+            ("qmatmul", "gqa", "projections"),
+        ]);
+    }
+
+    #[test]
+    fn candle_t5_encoder_decoder() {
+        // quantized_t5.rs
+        expect(&[
+            ("decode", "", "other"),
+            ("encoder", "", "other"),
+            ("stack", "decode", "other"),
+            ("block", "stack", "other"),
+            ("self-attn", "block", "attention"),
+            ("cross-attn", "block", "attention"),
+            ("layer-norm", "self-attn", "attention"),
+            ("attention", "self-attn", "attention"),
+            ("attention-cache", "attention", "attention"),
+            ("attention-mm", "attention", "attention"),
+            ("attention-sm", "attention", "attention"),
+            ("qmatmul", "attention", "projections"),
+            ("layer-ff", "block", "dense_ffn"),
+            ("layer-norm", "layer-ff", "dense_ffn"),
+            ("dense-act-dense", "layer-ff", "dense_ffn"),
+            ("dense-gated-act-dense", "layer-ff", "dense_ffn"),
+            ("qmatmul", "dense-gated-act-dense", "dense_ffn"),
+            ("decode-head", "decode", "other"),
+            ("layer-norm", "stack", "other"),
+        ]);
+    }
+
+    /// A step of candle-transformers' quantized llama as `tracing-chrome` writes it (B/E on one
+    /// thread), read by the trace reader: every span it holds has a band.
+    #[test]
+    fn a_quantized_llama_trace_leaves_no_span_unassigned() {
+        let mut t = String::from("[");
+        let mut ts = 0;
+        let mut ev = |ph: &str, name: &str| {
+            ts += 1;
+            t.push_str(&format!(
+                r#"{{"ph":"{ph}","name":"{name}","ts":{ts},"pid":1,"tid":1}},"#
+            ));
+        };
+        ev("B", "model");
+        ev("B", "embedding");
+        ev("E", "embedding");
+        for _ in 0..2 {
+            ev("B", "rms-norm");
+            ev("E", "rms-norm");
+            ev("B", "attn");
+            for _ in 0..3 {
+                ev("B", "qmatmul");
+                ev("E", "qmatmul");
+            }
+            ev("B", "attn-rot");
+            ev("E", "attn-rot");
+            ev("B", "qmatmul");
+            ev("E", "qmatmul");
+            ev("E", "attn");
+            ev("B", "attn-mlp");
+            ev("B", "rms-norm");
+            ev("E", "rms-norm");
+            for _ in 0..3 {
+                ev("B", "qmatmul");
+                ev("E", "qmatmul");
+            }
+            ev("E", "attn-mlp");
+        }
+        ev("B", "output");
+        ev("B", "rms-norm");
+        ev("E", "rms-norm");
+        ev("B", "qmatmul");
+        ev("E", "qmatmul");
+        ev("E", "output");
+        ev("E", "model");
+        t.pop();
+        t.push(']');
+        let r = ImportRules::builtin("candle").unwrap().unwrap();
+        let opts = crate::trace::TraceOptions {
+            step: candle_step(),
+            arg_keys: r.arg_keys(),
+        };
+        let s = crate::trace::read_chrome(t.as_bytes(), "llama.json", &opts).unwrap();
+        assert_eq!(s.steps.len(), 1);
+        let unassigned: Vec<&SpanKey> = s.keys.iter().filter(|k| r.band_of(k).is_none()).collect();
+        assert!(unassigned.is_empty(), "{unassigned:?}");
+        let rot = s.keys.iter().find(|k| k.name == "attn-rot").unwrap();
+        assert_eq!(rot.parent, "attn");
     }
 
     #[test]

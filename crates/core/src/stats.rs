@@ -93,8 +93,12 @@ impl Sample {
 /// Median with its range over the cycles it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Spread {
+    /// NaN (null in JSON) where the figure was not measured.
+    #[serde(deserialize_with = "crate::ab::nan_when_null")]
     pub median: f64,
+    #[serde(deserialize_with = "crate::ab::nan_when_null")]
     pub min: f64,
+    #[serde(deserialize_with = "crate::ab::nan_when_null")]
     pub max: f64,
     pub n: u32,
 }

@@ -12,9 +12,22 @@
 //! and chrome://tracing write `X` events sorted by `ts`); an `X` that starts before the last
 //! start on its thread is refused rather than mis-nested.
 //!
-//! Self time of a span = its duration less the durations of its direct children on the same
-//! thread. Steps (a forward pass) are spans whose name matches a pattern; a span belongs to the
-//! step it is nested in, or, on another thread, to the step whose time window holds its start.
+//! Steps (a forward pass) are spans whose name matches a pattern; a span belongs to the step it
+//! is nested in on its own thread (the step's thread), or, on another thread (a worker, a GPU
+//! stream), to the step whose time window holds its start.
+//!
+//! Self time, across threads (ARCHITECTURE.md, "Traces of several threads"): a span on another
+//! thread than its step's has as self time its duration less its direct children's on its
+//! thread. A span on the step's thread has as self time the part of its interval covered neither
+//! by its children on that thread nor by any span of another thread in the same step: while a
+//! worker or a stream runs, the step's thread waits for it (or overlaps it), and that interval is
+//! the worker's, never counted twice. Two other threads busy at once are work done in parallel,
+//! each counted: the step's concurrency ([`StepAgg::concurrency`]) is the sum of its self times
+//! over its wall. To apply this while streaming, the step thread's uncovered pieces of each step
+//! are kept until the step is finished ([`RETAINED_PIECES`]), not the events.
+//!
+//! A trace whose event array stops without its closing `]` (a process killed while tracing) is
+//! read up to its last whole event, with a note; one cut inside an event is refused.
 
 use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
@@ -31,6 +44,13 @@ const EPS: f64 = 1e-3;
 /// Spans outside every step seen so far that are kept to be matched again at the end (a worker
 /// thread's span written before the step that holds it); beyond this they count as outside.
 const PENDING_CAP: usize = 1 << 20;
+
+/// The step thread's pieces of self time (a span's interval outside its children) kept for the
+/// steps not yet finished, waiting for spans of other threads in their window; beyond this the
+/// oldest closed steps are finished (a span of another thread read after its step was finished
+/// is counted as `late`: the step thread's time under it could not be removed). Small in this
+/// crate's unit tests, so that they reach it quickly.
+pub const RETAINED_PIECES: usize = if cfg!(test) { 1 << 10 } else { 1 << 18 };
 
 /// What identifies a span: its name, category and the arguments the rules read.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -65,6 +85,19 @@ pub struct StepAgg {
     pub spans: u64,
 }
 
+impl StepAgg {
+    /// The sum of the step's self times over its wall: 1 for work on one thread at a time,
+    /// above 1 where threads or streams worked at once (each interval is counted once per
+    /// thread that worked in it), below 1 where the step's time lies outside every span.
+    pub fn concurrency(&self) -> f64 {
+        if self.wall_us > 0.0 {
+            self.self_us.iter().sum::<f64>() / self.wall_us
+        } else {
+            f64::NAN
+        }
+    }
+}
+
 /// What a trace held, per step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceSummary {
@@ -84,6 +117,11 @@ pub struct TraceSummary {
     pub threads: usize,
     /// `us` or `ns`: the unit the timestamps were read in.
     pub time_unit: String,
+    /// Spans of another thread than their step's read after that step was finished (see
+    /// [`RETAINED_PIECES`]): counted, but the step thread's time under them was not removed.
+    pub late: u64,
+    /// What the reader noticed without refusing the trace (an event array cut short).
+    pub notes: Vec<String>,
 }
 
 /// How to read a trace.
@@ -147,6 +185,12 @@ pub enum TraceError {
         file: String,
         #[source]
         source: std::io::Error,
+    },
+    #[error("{file}: the trace stops inside event {index} (after {events} whole events): the file was cut while it was written; remove the partial event to read the rest")]
+    CutInsideEvent {
+        file: String,
+        index: u64,
+        events: u64,
     },
 }
 
@@ -226,11 +270,14 @@ enum Field {
 struct EventSeed<'k, 'e> {
     keep: &'k [String],
     ev: &'e mut Event,
+    /// Set once the event's text has begun (a cut there is inside an event).
+    started: &'e mut bool,
 }
 
 impl<'de> DeserializeSeed<'de> for EventSeed<'_, '_> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        *self.started = true;
         d.deserialize_map(self)
     }
 }
@@ -357,7 +404,10 @@ struct Frame {
     /// Known for X spans; set by the E of a B span.
     end: Option<f64>,
     child_sum: f64,
-    /// The step this span is (or is nested in) on its own thread.
+    /// Where the span's own time resumes: its start, then the end of its last child.
+    cursor: f64,
+    /// The step this span is (or is nested in) on its own thread: the span is on the step's
+    /// thread, and its self time is kept as pieces until the step is finished.
     step: Option<usize>,
     /// This span is the step.
     is_step: bool,
@@ -375,6 +425,48 @@ struct StepWin {
     end: Option<f64>,
     self_by_key: HashMap<u32, f64>,
     spans: u64,
+    /// The step thread's self time as (key, from, to), until the step is finished.
+    pieces: Vec<(u32, f64, f64)>,
+    /// Intervals where spans of other threads in this step ran (their outermost spans).
+    busy: Vec<(f64, f64)>,
+    /// The pieces were reduced by the busy intervals into `self_by_key`.
+    finished: bool,
+}
+
+impl StepWin {
+    /// Removes from the step thread's self times (already in `self_by_key`) each piece's overlap
+    /// with the intervals where another thread's span ran; the pieces and intervals are let go.
+    /// A step no other thread worked in has nothing to remove.
+    fn finish(&mut self) {
+        let mut busy = std::mem::take(&mut self.busy);
+        let pieces = std::mem::take(&mut self.pieces);
+        if !busy.is_empty() {
+            busy.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let mut merged: Vec<(f64, f64)> = Vec::with_capacity(busy.len());
+            for (s, e) in busy {
+                match merged.last_mut() {
+                    Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                    _ => merged.push((s, e)),
+                }
+            }
+            for (key, a, b) in pieces {
+                // the merged intervals are disjoint and sorted: those ending after `a`
+                let first = merged.partition_point(|&(_, e)| e <= a);
+                let mut covered = 0.0;
+                for &(s, e) in &merged[first..] {
+                    if s >= b {
+                        break;
+                    }
+                    covered += e.min(b) - s.max(a);
+                }
+                if covered > 0.0 {
+                    let v = self.self_by_key.entry(key).or_default();
+                    *v = (*v - covered).max(0.0);
+                }
+            }
+        }
+        self.finished = true;
+    }
 }
 
 /// A span key by interned ids: (name, category, parent's name, kept arguments).
@@ -400,13 +492,36 @@ struct State<'o> {
     /// The last thread looked up (consecutive events are mostly of one thread).
     last_thread: Option<usize>,
     steps: Vec<StepWin>,
-    pending: Vec<(f64, u32, f64)>,
+    /// Steps before this one are finished (their pieces reduced).
+    first_unfinished: usize,
+    /// Pieces held by unfinished steps.
+    retained: usize,
+    /// Spans outside every step seen so far: (start, end, key, self time, outermost on its
+    /// thread).
+    pending: Vec<(f64, f64, u32, f64, bool)>,
+    late: u64,
     events: u64,
     spans: u64,
     skipped: u64,
     outside: u64,
     unclosed: u64,
     error: Option<TraceError>,
+    /// Where the reader is in the event array, to tell a file cut between events from one cut
+    /// inside an event.
+    cut: Cut,
+}
+
+/// Where a file that stops early stopped.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// Before the event array.
+    Before,
+    /// Inside the event array, between whole events.
+    BetweenEvents,
+    /// Inside an event.
+    InsideEvent,
+    /// After the event array closed.
+    AfterEvents,
 }
 
 impl<'o> State<'o> {
@@ -583,6 +698,9 @@ impl<'o> State<'o> {
                     end,
                     self_by_key: HashMap::default(),
                     spans: 0,
+                    pieces: Vec::new(),
+                    busy: Vec::new(),
+                    finished: false,
                 });
                 is_step = true;
                 Some(self.steps.len() - 1)
@@ -595,6 +713,7 @@ impl<'o> State<'o> {
             start: s,
             end,
             child_sum: 0.0,
+            cursor: s,
             step,
             is_step,
         });
@@ -624,6 +743,7 @@ impl<'o> State<'o> {
                 start: outer.start,
                 end: Some(t),
                 child_sum: 0.0,
+                cursor: outer.start,
                 step: None,
                 is_step: false,
             };
@@ -656,32 +776,86 @@ impl<'o> State<'o> {
         Ok(())
     }
 
-    /// A span closed: its self time goes to its step, its duration to its parent.
+    /// A span closed: its self time goes to its step, its duration to its parent. On the step's
+    /// thread the pieces of its self time (the gaps between its children) are kept until the
+    /// step is finished, to remove from it where other threads ran; on another thread, an
+    /// outermost span marks its interval busy in its step.
     fn finish(&mut self, tid: usize, f: Frame) {
         let end = f.end.expect("closed spans have an end");
         let dur = end - f.start;
         let self_time = (dur - f.child_sum).max(0.0);
         let th = &mut self.threads[tid];
+        let outermost = th.stack.is_empty();
+        let mut parent_piece = None;
         if let Some(parent) = th.stack.last_mut() {
             parent.child_sum += dur;
+            if let Some(step) = parent.step {
+                parent_piece = Some((step, parent.key, parent.cursor, f.start));
+            }
+            parent.cursor = parent.cursor.max(end);
+        }
+        if let Some((step, key, a, b)) = parent_piece {
+            self.piece(step, key, a, b);
         }
         if let (true, Some(step)) = (f.is_step, f.step) {
             self.steps[step].end = Some(end);
         }
-        let step = f.step.or_else(|| self.window_of(f.start));
-        match step {
-            Some(i) => self.attribute(i, f.key, self_time),
-            None if self.pending.len() < PENDING_CAP => {
-                self.pending.push((f.start, f.key, self_time))
+        if let Some(step) = f.step {
+            self.piece(step, f.key, f.cursor, end);
+            let w = &mut self.steps[step];
+            *w.self_by_key.entry(f.key).or_default() += self_time;
+            w.spans += 1;
+            if f.is_step {
+                self.finish_closed_steps();
             }
+            return;
+        }
+        match self.window_of(f.start) {
+            Some(i) => self.other_thread(i, f.key, self_time, outermost.then_some((f.start, end))),
+            None if self.pending.len() < PENDING_CAP => self
+                .pending
+                .push((f.start, end, f.key, self_time, outermost)),
             None => self.outside += 1,
         }
     }
 
-    fn attribute(&mut self, step: usize, key: u32, self_time: f64) {
+    /// A piece of the step thread's self time, kept until its step is finished (a step is
+    /// finished only once closed, after every span of its own thread).
+    fn piece(&mut self, step: usize, key: u32, a: f64, b: f64) {
+        let w = &mut self.steps[step];
+        if b - a > 0.0 && !w.finished {
+            w.pieces.push((key, a, b));
+            self.retained += 1;
+        }
+    }
+
+    /// A span of another thread in step `step`: its self time, and (outermost on its thread)
+    /// the interval the step's thread waited for it.
+    fn other_thread(&mut self, step: usize, key: u32, self_time: f64, busy: Option<(f64, f64)>) {
         let w = &mut self.steps[step];
         *w.self_by_key.entry(key).or_default() += self_time;
         w.spans += 1;
+        if let Some(interval) = busy {
+            if w.finished {
+                self.late += 1;
+            } else {
+                w.busy.push(interval);
+            }
+        }
+    }
+
+    /// Finishes the oldest closed steps while more pieces are held than [`RETAINED_PIECES`].
+    fn finish_closed_steps(&mut self) {
+        while self.retained > RETAINED_PIECES && self.first_unfinished < self.steps.len() {
+            let w = &mut self.steps[self.first_unfinished];
+            if w.end.is_none() {
+                // a step still open holds the rest: it is finished at the end
+                return;
+            }
+            self.retained -= w.pieces.len();
+            w.finish();
+            self.first_unfinished += 1;
+        }
     }
 
     /// The step whose window holds `t` (most recent first: steps come in time order).
@@ -710,19 +884,25 @@ impl<'o> State<'o> {
             }
         }
         let pending = std::mem::take(&mut self.pending);
-        for (start, key, self_time) in pending {
+        for (start, end, key, self_time, outermost) in pending {
             let found = self
                 .steps
                 .iter()
                 .position(|w| w.end.is_some_and(|e| start + EPS >= w.start && start < e));
             match found {
-                Some(i) => self.attribute(i, key, self_time),
+                Some(i) => self.other_thread(i, key, self_time, outermost.then_some((start, end))),
                 None => self.outside += 1,
             }
         }
         let closed: Vec<StepWin> = std::mem::take(&mut self.steps)
             .into_iter()
             .filter(|w| w.end.is_some())
+            .map(|mut w| {
+                if !w.finished {
+                    w.finish();
+                }
+                w
+            })
             .collect();
         if closed.is_empty() {
             let mut counts: Vec<(u64, &str)> = self
@@ -776,6 +956,8 @@ impl<'o> State<'o> {
             unclosed: self.unclosed,
             threads: self.threads.len(),
             time_unit: unit.to_string(),
+            late: self.late,
+            notes: Vec::new(),
         })
     }
 }
@@ -799,12 +981,30 @@ impl<'de> Visitor<'de> for Events<'_, '_> {
         let opts: &TraceOptions = self.0.opts;
         let keep = &opts.arg_keys;
         let mut ev = Event::default();
-        while let Some(()) = seq.next_element_seed(EventSeed { keep, ev: &mut ev })? {
+        self.0.cut = Cut::BetweenEvents;
+        loop {
+            let mut started = false;
+            let next = seq.next_element_seed(EventSeed {
+                keep,
+                ev: &mut ev,
+                started: &mut started,
+            });
+            match next {
+                Ok(Some(())) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    if started {
+                        self.0.cut = Cut::InsideEvent;
+                    }
+                    return Err(e);
+                }
+            }
             if let Err(e) = self.0.event(&mut ev) {
                 self.0.error = Some(e);
                 return Err(serde::de::Error::custom("stopped"));
             }
         }
+        self.0.cut = Cut::AfterEvents;
         Ok(())
     }
 }
@@ -861,13 +1061,17 @@ pub fn read_chrome<R: Read>(
         tid_names: Vec::new(),
         last_thread: None,
         steps: Vec::new(),
+        first_unfinished: 0,
+        retained: 0,
         pending: Vec::new(),
+        late: 0,
         events: 0,
         spans: 0,
         skipped: 0,
         outside: 0,
         unclosed: 0,
         error: None,
+        cut: Cut::Before,
     };
     let mut unit = None;
     let mut found = false;
@@ -884,16 +1088,33 @@ pub fn read_chrome<R: Read>(
         file: file.to_string(),
         source,
     };
+    let mut notes = Vec::new();
     match result {
-        Ok(()) => {}
+        Ok(()) => de.end().map_err(json)?,
         Err(e) if e.is_data() && !found => {
             return Err(TraceError::NotATrace {
                 file: file.to_string(),
             })
         }
+        Err(e) if e.is_eof() && state.cut == Cut::InsideEvent => {
+            return Err(TraceError::CutInsideEvent {
+                file: file.to_string(),
+                index: state.events,
+                events: state.events,
+            })
+        }
+        Err(e) if e.is_eof() && state.cut == Cut::BetweenEvents => notes.push(format!(
+            "{file}: the event array stops after {} whole events without its closing `]` (the \
+             file of a process stopped while tracing): read up to there{}",
+            state.events,
+            if unit.is_none() {
+                "; no `displayTimeUnit` was read before the cut: timestamps taken as µs"
+            } else {
+                ""
+            }
+        )),
         Err(e) => return Err(json(e)),
     }
-    de.end().map_err(json)?;
     if !found {
         return Err(TraceError::NotATrace {
             file: file.to_string(),
@@ -903,7 +1124,9 @@ pub fn read_chrome<R: Read>(
         Some("ns") => (1e-3, "ns"),
         _ => (1.0, "us"),
     };
-    state.into_summary(scale, name)
+    let mut summary = state.into_summary(scale, name)?;
+    summary.notes = notes;
+    Ok(summary)
 }
 
 #[cfg(test)]
@@ -997,10 +1220,142 @@ mod tests {
         assert_eq!(s.steps.len(), 2);
         assert_eq!(self_of(&s, 0, "mm"), 30.0);
         assert_eq!(self_of(&s, 0, "mm_part"), 20.0);
-        assert_eq!(self_of(&s, 0, "forward"), 100.0);
+        // the step's thread waits 10..60 for the worker: that interval is the worker's
+        assert_eq!(self_of(&s, 0, "forward"), 50.0);
         assert_eq!(self_of(&s, 1, "mm"), 5.0);
+        assert_eq!(self_of(&s, 1, "forward"), 45.0);
+        assert_eq!(s.steps[0].concurrency(), 1.0);
+        assert_eq!(s.steps[1].concurrency(), 1.0);
         assert_eq!(s.outside_steps, 1);
         assert_eq!(s.threads, 3);
+    }
+
+    /// Two workers under one span of the step's thread, hand-computed: forward 0..100 on the
+    /// step's thread with attn 10..50 waiting for worker A's mm 15..45 (with a child 20..30)
+    /// and worker B's mm 20..40, then norm 60..70 while worker B's late 65..80 runs.
+    ///
+    /// forward: its own pieces are 0..10, 50..60, 70..100 (50), less 70..80 where B ran: 40. attn: 10..50 less the
+    /// workers' union 15..45: 10. norm: 60..70 less 65..70: 5. A: mm 30 - 10 = 20, child 10;
+    /// B: mm 20, late 15. Sum 40 + 10 + 5 + 20 + 10 + 20 + 15 = 120 over a wall of 100.
+    const TWO_WORKERS: &str = r#"[
+          {"ph":"X","name":"forward","ts":0,"dur":100,"pid":1,"tid":1},
+          {"ph":"X","name":"attn","ts":10,"dur":40,"pid":1,"tid":1},
+          {"ph":"X","name":"mm","ts":15,"dur":30,"pid":1,"tid":2},
+          {"ph":"X","name":"pack","ts":20,"dur":10,"pid":1,"tid":2},
+          {"ph":"X","name":"mm","ts":20,"dur":20,"pid":1,"tid":3},
+          {"ph":"X","name":"norm","ts":60,"dur":10,"pid":1,"tid":1},
+          {"ph":"X","name":"late","ts":65,"dur":15,"pid":1,"tid":3}
+        ]"#;
+
+    fn check_two_workers(s: &TraceSummary) {
+        assert_eq!(s.steps.len(), 1);
+        assert_eq!(self_of(s, 0, "forward"), 40.0);
+        assert_eq!(self_of(s, 0, "attn"), 10.0);
+        assert_eq!(self_of(s, 0, "norm"), 5.0);
+        assert_eq!(self_of(s, 0, "mm"), 40.0);
+        assert_eq!(self_of(s, 0, "pack"), 10.0);
+        assert_eq!(self_of(s, 0, "late"), 15.0);
+        assert_eq!(s.steps[0].wall_us, 100.0);
+        assert!((s.steps[0].concurrency() - 1.2).abs() < 1e-12);
+        assert_eq!(s.late, 0);
+    }
+
+    #[test]
+    fn the_step_threads_wait_for_workers_is_the_workers_time_counted_once() {
+        check_two_workers(&read(TWO_WORKERS, "^forward$").unwrap());
+        // the same spans as B/E pairs, the threads' events interleaved as they happened
+        let t = r#"[
+          {"ph":"B","name":"forward","ts":0,"pid":1,"tid":1},
+          {"ph":"B","name":"attn","ts":10,"pid":1,"tid":1},
+          {"ph":"B","name":"mm","ts":15,"pid":1,"tid":2},
+          {"ph":"B","name":"pack","ts":20,"pid":1,"tid":2},
+          {"ph":"B","name":"mm","ts":20,"pid":1,"tid":3},
+          {"ph":"E","ts":30,"pid":1,"tid":2},
+          {"ph":"E","ts":40,"pid":1,"tid":3},
+          {"ph":"E","ts":45,"pid":1,"tid":2},
+          {"ph":"E","ts":50,"pid":1,"tid":1},
+          {"ph":"B","name":"norm","ts":60,"pid":1,"tid":1},
+          {"ph":"B","name":"late","ts":65,"pid":1,"tid":3},
+          {"ph":"E","ts":70,"pid":1,"tid":1},
+          {"ph":"E","ts":80,"pid":1,"tid":3},
+          {"ph":"E","ts":100,"pid":1,"tid":1}
+        ]"#;
+        check_two_workers(&read(t, "^forward$").unwrap());
+    }
+
+    #[test]
+    fn workers_written_before_their_step_are_still_counted_once() {
+        // X events written as spans close: the workers' come before the step's own
+        let t = r#"[
+          {"ph":"X","name":"mm","ts":15,"dur":30,"pid":1,"tid":2},
+          {"ph":"X","name":"pack","ts":20,"dur":10,"pid":1,"tid":2},
+          {"ph":"X","name":"mm","ts":20,"dur":20,"pid":1,"tid":3},
+          {"ph":"X","name":"late","ts":65,"dur":15,"pid":1,"tid":3},
+          {"ph":"X","name":"forward","ts":0,"dur":100,"pid":1,"tid":1},
+          {"ph":"X","name":"attn","ts":10,"dur":40,"pid":1,"tid":1},
+          {"ph":"X","name":"norm","ts":60,"dur":10,"pid":1,"tid":1}
+        ]"#;
+        check_two_workers(&read(t, "^forward$").unwrap());
+    }
+
+    #[test]
+    fn a_worker_span_read_after_its_step_was_finished_is_counted_late() {
+        // more steps than the reader keeps pieces for: the first step is finished before a
+        // worker's span inside it is read (X events of a worker written at the very end)
+        let steps = RETAINED_PIECES + 10;
+        let mut t = String::from("[");
+        for i in 0..steps {
+            t.push_str(&format!(
+                r#"{{"ph":"X","name":"forward","ts":{},"dur":10,"pid":1,"tid":1}},"#,
+                i * 20
+            ));
+        }
+        t.push_str(r#"{"ph":"X","name":"mm","ts":2,"dur":5,"pid":1,"tid":2}]"#);
+        let s = read(&t, "^forward$").unwrap();
+        assert_eq!(s.steps.len(), steps);
+        assert_eq!(s.late, 1);
+        // counted, but the step's thread keeps its time under it: 10 + 5 over a wall of 10
+        assert_eq!(self_of(&s, 0, "mm"), 5.0);
+        assert_eq!(self_of(&s, 0, "forward"), 10.0);
+        // a step still held is reduced as usual
+        let last = steps - 1;
+        let t = t.replace(
+            r#""ts":2,"dur":5,"pid":1,"tid":2"#,
+            &format!(r#""ts":{},"dur":5,"pid":1,"tid":2"#, last * 20 + 2),
+        );
+        let s = read(&t, "^forward$").unwrap();
+        assert_eq!(s.late, 0);
+        assert_eq!(self_of(&s, last, "forward"), 5.0);
+    }
+
+    #[test]
+    fn a_gpu_stream_overlapping_the_launching_thread_raises_concurrency() {
+        // step 0..40 on the CPU thread: launch 0..10 (a child), then it waits in `sync`
+        // 10..40; a stream runs kernel 5..35 (starts during the launch). The CPU thread's
+        // time under the kernel is the kernel's: launch 0..5 (5), sync 35..40 (5), the step's
+        // own time none; kernel 30. Sum 40 over a wall of 40: concurrency 1.
+        let t = r#"[
+          {"ph":"X","name":"forward","ts":0,"dur":40,"pid":1,"tid":1},
+          {"ph":"X","name":"launch","ts":0,"dur":10,"pid":1,"tid":1},
+          {"ph":"X","name":"sync","ts":10,"dur":30,"pid":1,"tid":1},
+          {"ph":"X","name":"kernel","ts":5,"dur":30,"pid":"gpu","tid":"stream 7"}
+        ]"#;
+        let s = read(t, "^forward$").unwrap();
+        assert_eq!(self_of(&s, 0, "launch"), 5.0);
+        assert_eq!(self_of(&s, 0, "sync"), 5.0);
+        assert_eq!(self_of(&s, 0, "forward"), 0.0);
+        assert_eq!(self_of(&s, 0, "kernel"), 30.0);
+        assert_eq!(s.steps[0].concurrency(), 1.0);
+        // two streams at once: each counted, concurrency above 1 (2 x 30 + 10 over 40)
+        let t = r#"[
+          {"ph":"X","name":"forward","ts":0,"dur":40,"pid":1,"tid":1},
+          {"ph":"X","name":"kernel","ts":5,"dur":30,"pid":"gpu","tid":"stream 7"},
+          {"ph":"X","name":"kernel","ts":5,"dur":30,"pid":"gpu","tid":"stream 8"}
+        ]"#;
+        let s = read(t, "^forward$").unwrap();
+        assert_eq!(self_of(&s, 0, "forward"), 10.0);
+        assert_eq!(self_of(&s, 0, "kernel"), 60.0);
+        assert_eq!(s.steps[0].concurrency(), 70.0 / 40.0);
     }
 
     #[test]
@@ -1021,14 +1376,47 @@ mod tests {
     }
 
     #[test]
-    fn truncated_json_is_an_error_naming_the_file() {
+    fn a_trace_cut_inside_an_event_is_an_error_naming_the_file() {
         let t = r#"{"traceEvents":[{"ph":"X","name":"forward","ts":0,"dur":1,"pid":1,"tid":1},{"ph":"X","na"#;
         let e = read(t, "^forward$").unwrap_err();
-        assert!(matches!(e, TraceError::Json { .. }), "{e}");
         assert!(
-            e.to_string().starts_with("t.json: not valid trace JSON"),
+            matches!(e, TraceError::CutInsideEvent { index: 1, .. }),
             "{e}"
         );
+        assert!(
+            e.to_string()
+                .starts_with("t.json: the trace stops inside event 1"),
+            "{e}"
+        );
+        // JSON broken otherwise is still refused as such
+        let t = r#"[{"ph":"X","name":"forward","ts":0,"dur":1,"pid":1,"tid":1}},"#;
+        let e = read(t, "^forward$").unwrap_err();
+        assert!(matches!(e, TraceError::Json { .. }), "{e}");
+    }
+
+    #[test]
+    fn an_event_array_without_its_closing_bracket_is_read_with_a_note() {
+        // what a process killed while tracing leaves: whole events, then nothing (with or
+        // without the comma after the last one, in the top-level array or in traceEvents)
+        let events = r#"{"ph":"X","name":"forward","ts":0,"dur":10,"pid":1,"tid":1},
+          {"ph":"X","name":"op","ts":2,"dur":5,"pid":1,"tid":1}"#;
+        for t in [
+            format!("[{events}"),
+            format!("[{events},\n"),
+            format!(r#"{{"traceEvents":[{events},"#),
+        ] {
+            let s = read(&t, "^forward$").unwrap();
+            assert_eq!(s.events, 2, "{t}");
+            assert_eq!(self_of(&s, 0, "op"), 5.0);
+            assert_eq!(s.notes.len(), 1, "{t}");
+            assert!(
+                s.notes[0].starts_with("t.json: the event array stops after 2 whole events"),
+                "{}",
+                s.notes[0]
+            );
+        }
+        let s = read(&format!("[{events}]"), "^forward$").unwrap();
+        assert!(s.notes.is_empty());
     }
 
     #[test]

@@ -352,7 +352,7 @@ pub fn ab_checks(r: &AbReport) -> Vec<Check> {
             .fold(0.0, f64::max),
         ..GateStats::default()
     };
-    out.push(noise_check(&gate, r.config.gate.max_others));
+    out.push(noise_check(&gate, &r.config.gate));
     out
 }
 

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use opledger_core::manifest::Manifest;
-use opledger_core::profile::{BandRow, CheckStatus, ProfileSummary};
+use opledger_core::profile::{BandRow, CheckStatus, ProfileSummary, NOT_MEASURED};
 
 use crate::table::{markdown_table, text_table, Align};
 
@@ -133,58 +133,117 @@ pub(crate) fn figures(s: &ProfileSummary) -> Vec<String> {
             s.fused_ms, f.min, f.max, s.tokens, s.tok_per_s
         ),
         format!(
-            "TIMED sum {:.2} ms (TIMED wall {:.2} ms) · agreement {:+.2} % [{:+.2}–{:+.2}]",
+            "TIMED sum {:.2} ms (TIMED wall {:.2} ms) · agreement {}",
             s.timed_sum_ms,
             s.timed_wall_ms,
-            s.agreement * 100.0,
-            a.min * 100.0,
-            a.max * 100.0
-        ),
-        format!(
-            "isolation cost {:.1} µs a node a step (from the {}; {} idle nodes say {:.1}); agreement after removing it {:+.2} %{}",
-            s.isolation_us_per_step,
-            s.isolation_source,
-            s.isolation_nodes,
-            s.isolation_idle_us / (s.node_steps.max(1) as f64),
-            s.agreement_corrected * 100.0,
-            if s.decode_tokens > 0 {
+            if s.agreement.is_finite() {
                 format!(
-                    "; the {:+.2} µs a working node a step it leaves is taken equally from every working node in the corrected columns",
-                    s.isolation_remainder_us
+                    "{:+.2} % [{:+.2}–{:+.2}]",
+                    s.agreement * 100.0,
+                    a.min * 100.0,
+                    a.max * 100.0
                 )
             } else {
-                String::new()
+                format!("{NOT_MEASURED} (no FUSED run apart from the TIMED one)")
             }
         ),
+        if s.isolation_us_per_step.is_finite() {
+            format!(
+                "isolation cost {:.1} µs a node a step (from the {}; {} idle nodes say {:.1}); agreement after removing it {}{}",
+                s.isolation_us_per_step,
+                s.isolation_source,
+                s.isolation_nodes,
+                s.isolation_idle_us / (s.node_steps.max(1) as f64),
+                percent(s.agreement_corrected),
+                if s.decode_tokens > 0 {
+                    format!(
+                        "; the {:+.2} µs a working node a step it leaves is taken equally from every working node in the corrected columns",
+                        s.isolation_remainder_us
+                    )
+                } else {
+                    String::new()
+                }
+            )
+        } else {
+            format!(
+                "isolation cost {NOT_MEASURED} (no calibration, no idle nodes): the corrected columns remove nothing{}",
+                if s.decode_tokens > 0 {
+                    format!(
+                        " but the {:+.2} µs a working node a step between the TIMED sum and the FUSED wall, taken equally from every working node",
+                        s.isolation_remainder_us
+                    )
+                } else {
+                    String::new()
+                }
+            )
+        },
+        if check_not_measured(s, "noise") {
+            format!("noise gate: {NOT_MEASURED} (off: no run was checked against other processes' use of the CPUs)")
+        } else {
+            format!(
+                "noise gate: {} runs rejected and retaken, {} kept although noisy (busiest other process up to {:.0} % of one CPU, all others up to {:.1} % of the machine)",
+                s.noise_gate.rejected,
+                s.noise_gate.kept_noisy,
+                s.noise_gate.max_busiest_kept * 100.0,
+                s.noise_gate.max_others_kept * 100.0
+            ) + &s
+                .noise_gate
+                .canary_text()
+                .map(|t| format!("; {t}"))
+                .unwrap_or_default()
+        },
         format!(
-            "noise gate: {} runs rejected and retaken, {} kept although noisy (busiest other process up to {:.0} % of one CPU, all others up to {:.1} % of the machine)",
-            s.noise_gate.rejected,
-            s.noise_gate.kept_noisy,
-            s.noise_gate.max_busiest_kept * 100.0,
-            s.noise_gate.max_others_kept * 100.0
-        ) + &s
-            .noise_gate
-            .canary_text()
-            .map(|t| format!("; {t}"))
-            .unwrap_or_default(),
-        format!(
-            "from the fastest run of each mode: agreement {:+.2} %, overhead {:.4}",
-            s.agreement_of_minimums * 100.0,
-            s.overhead_of_minimums
+            "from the fastest run of each mode: agreement {}, overhead {}",
+            percent(s.agreement_of_minimums),
+            ratio(s.overhead_of_minimums)
         ),
         format!(
-            "coverage {:.2} % · instrument overhead {:.4} [{:.4}–{:.4}] · outputs {}",
+            "coverage {:.2} % · instrument overhead {} · outputs {}",
             s.coverage * 100.0,
-            s.overhead,
-            o.min,
-            o.max,
-            if s.outputs_identical {
-                "bit-identical across modes"
+            if s.overhead.is_finite() {
+                format!("{:.4} [{:.4}–{:.4}]", s.overhead, o.min, o.max)
             } else {
-                "DIFFER between runs"
+                format!("{NOT_MEASURED} (no FUSED run with the instrument installed)")
+            },
+            if check_not_measured(s, "outputs") {
+                format!("{NOT_MEASURED} (no output hashes recorded)")
+            } else if s.outputs_identical {
+                "bit-identical across modes".into()
+            } else {
+                "DIFFER between runs".into()
             }
         ),
     ]
+}
+
+/// A fraction as a signed percentage with `digits` decimals, or "not measured" (NaN).
+pub(crate) fn percent_to(x: f64, digits: usize) -> String {
+    if x.is_finite() {
+        format!("{:+.digits$} %", x * 100.0)
+    } else {
+        NOT_MEASURED.into()
+    }
+}
+
+/// A fraction as a signed percentage, or "not measured" (NaN).
+pub(crate) fn percent(x: f64) -> String {
+    percent_to(x, 2)
+}
+
+/// A ratio, or "not measured" (NaN).
+pub(crate) fn ratio(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.4}")
+    } else {
+        NOT_MEASURED.into()
+    }
+}
+
+/// The check `name` says its figure was not measured.
+pub(crate) fn check_not_measured(s: &ProfileSummary, name: &str) -> bool {
+    s.checks
+        .iter()
+        .any(|c| c.name == name && c.detail.starts_with(NOT_MEASURED))
 }
 
 pub(crate) fn contents_line(
@@ -331,9 +390,9 @@ pub(crate) fn split_lines(s: &ProfileSummary) -> Vec<String> {
         ));
     }
     lines.push(format!(
-        "agreement: raw {:+.1} %, remote round trips and local isolation removed {:+.1} %",
-        s.agreement * 100.0,
-        s.agreement_corrected * 100.0
+        "agreement: raw {}, remote round trips and local isolation removed {}",
+        percent_to(s.agreement, 1),
+        percent_to(s.agreement_corrected, 1)
     ));
     if let Some(why) = &s.one_process_skipped {
         lines.push(format!(
@@ -461,9 +520,9 @@ pub fn parallel_text(runs: &[&ProfileSummary]) -> String {
                 r.push(s.band(band).map(corrected_cell).unwrap_or_default());
             }
             r.push(format!(
-                "{:+.1} % → {:+.1} %",
-                s.agreement * 100.0,
-                s.agreement_corrected * 100.0
+                "{} → {}",
+                percent_to(s.agreement, 1),
+                percent_to(s.agreement_corrected, 1)
             ));
             r
         })

@@ -258,4 +258,66 @@ fn a_sweep_split_over_rpc_says_its_prefill_shares_are_raw_in_every_format() {
     };
     assert!(v.summary.checks.iter().all(|c| c.name != "split shares"));
     assert!(!text(render(&local, Format::Text, &opts).unwrap()).contains("raw"));
+
+/// A profile read from node records (a FUSED and a TIMED run each, no run with the instrument
+/// installed, no noise gate) and an imported trace (one self-traced run): what they did not
+/// measure is rendered "not measured" and null in the JSON, never a ratio of a wall to itself.
+#[test]
+fn figures_a_run_did_not_measure_are_rendered_not_measured() {
+    use opledger_core::engine::Mode;
+    let d = data();
+    let mut raw = d.profile.1.clone();
+    for c in &mut raw.cycles {
+        c.order = vec![Mode::Fused, Mode::Timed];
+        c.fused_observed_ms = c.fused_ms;
+    }
+    raw.overhead_pairs.clear();
+    assert!(!raw.config.gate.enabled);
+    let v = ProfileView::new(&d.profile.0, &raw).unwrap();
+    let text = opledger_report::profile_text(&d.profile.0, &v.summary);
+    assert!(text.contains("instrument overhead not measured"), "{text}");
+    assert!(text.contains("overhead not measured\n"), "{text}");
+    assert!(text.contains("noise gate: not measured"), "{text}");
+    assert!(
+        text.contains("WARN overhead") && text.contains("WARN noise"),
+        "{text}"
+    );
+    assert!(!text.contains("1.0000"), "{text}");
+    assert!(text.contains("· agreement +"), "{text}");
+    let json = text_of(&v, Format::Json);
+    let s: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(s["overhead"].is_null(), "{}", s["overhead"]);
+    assert!(s["agreement"].is_number());
+    let md = text_of(&v, Format::Md);
+    assert!(md.contains("instrument overhead not measured"), "{md}");
+
+    // an imported trace: one TIMED run, no calibration (the fixture's graph has idle nodes:
+    // the isolation cost stays measured by them)
+    for c in &mut raw.cycles {
+        c.order = vec![Mode::Timed];
+        c.isolation_us = None;
+    }
+    let v = ProfileView::new(&d.profile.0, &raw).unwrap();
+    let text = opledger_report::profile_text(&d.profile.0, &v.summary);
+    assert!(
+        text.contains("agreement not measured (no FUSED run apart from the TIMED one)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("agreement not measured, overhead not measured"),
+        "{text}"
+    );
+    assert!(
+        text.contains("agreement after removing it not measured"),
+        "{text}"
+    );
+    let s: serde_json::Value = serde_json::from_str(&text_of(&v, Format::Json)).unwrap();
+    for key in ["agreement", "agreement_corrected", "overhead"] {
+        assert!(s[key].is_null(), "{key}: {}", s[key]);
+    }
+}
+
+fn text_of(v: &ProfileView<'_>, format: Format) -> String {
+    let view = RunView::Profile(v.clone());
+    text(render(&view, format, &RenderOptions::default()).unwrap())
 }

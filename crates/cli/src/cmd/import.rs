@@ -72,6 +72,9 @@ pub fn run(args: ImportArgs) -> Result<ExitCode> {
                 "{}",
                 opledger_report::profile_text(&imported.manifest, &summary)
             );
+            for n in &imported.stats.not_measurable {
+                println!("not measured: {n}");
+            }
             println!("run folder: {}", path.display());
         }
         return Ok(super::common::exit(opledger_app::outcome::of_checks(
@@ -99,6 +102,9 @@ pub fn run(args: ImportArgs) -> Result<ExitCode> {
     };
     // read before creating the folder: a bad trace leaves nothing behind
     let imported = opledger_app::import::run(&req, model.as_ref())?;
+    for n in &imported.stats.notes {
+        eprintln!("note: {n}");
+    }
     let out = opledger_app::import::run_path(args.output.as_deref(), &args.trace);
     let folder = RunFolder::create(&out)?;
     let summary = opledger_app::runs::write_import(&folder, &imported, Some(&req.rules_text))?;
@@ -117,6 +123,19 @@ pub fn run(args: ImportArgs) -> Result<ExitCode> {
             s.trace, s.events, s.spans, s.threads, s.steps, s.step_pattern, s.outside_steps, s.unclosed
         );
         println!("granularity of {}: {}", s.engine, s.granularity);
+        if let Some(c) = &s.concurrency {
+            println!(
+                "concurrency {:.3} [{:.3}–{:.3}]: the spans' self time over the step's wall (median and range over steps; a thread's wait for another thread's span is that span's time, counted once)",
+                c.median, c.min, c.max
+            );
+        }
+        if s.late_spans > 0 {
+            println!(
+                "{} spans of other threads came after their step was finished: the step thread's time under them is counted too",
+                s.late_spans
+            );
+        }
+
         for (name, cat, parent, ms) in &s.unassigned {
             println!("unassigned: '{name}' (cat '{cat}', in '{parent}') {ms:.4} ms per step");
         }

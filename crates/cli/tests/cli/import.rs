@@ -227,6 +227,34 @@ fn compare_fail_above_fails_a_slowed_band_and_passes_a_change_within_noise() {
         .stderr(predicate::str::contains("percentage"));
 }
 
+/// What a process killed while tracing leaves: whole events, no closing bracket. It is read up
+/// to there, with a note, and gives the bands of the whole file.
+#[test]
+fn a_trace_without_its_closing_bracket_is_imported_with_a_note() {
+    let _machine = crate::machine::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let whole = candle_like_trace(3, 4);
+    let cut = whole.strip_suffix("]}").unwrap().to_string() + ",\n";
+    let full = import(dir.path(), &whole, "whole");
+    let trace = dir.path().join("cut.json");
+    std::fs::write(&trace, &cut).unwrap();
+    let out = dir.path().join("cut");
+    opledger()
+        .arg("import")
+        .arg(&trace)
+        .args(["--tokens", "2", "-q", "-o"])
+        .arg(&out)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("note: "))
+        .stderr(predicate::str::contains(
+            "cut.json: the event array stops after",
+        ));
+    assert_eq!(bands(&full), bands(&out));
+    let stats = std::fs::read_to_string(out.join("import.json")).unwrap();
+    assert!(stats.contains("without its closing"), "{stats}");
+}
+
 #[test]
 fn bad_traces_are_refused_naming_the_file_and_leave_no_folder() {
     let _machine = crate::machine::shared();
@@ -235,7 +263,7 @@ fn bad_traces_are_refused_naming_the_file_and_leave_no_folder() {
         (
             "truncated",
             &candle_like_trace(1, 4)[..200],
-            "not valid trace JSON",
+            "the trace stops inside event",
         ),
         (
             "nostep",
@@ -326,7 +354,7 @@ fn a_llama_cpp_profile_written_as_node_records_imports_with_the_same_bands() {
         .clone();
     let text = String::from_utf8(records.clone()).unwrap();
     assert!(
-        text.starts_with(r#"{"record":"run","schema_version":1,"#),
+        text.starts_with(r#"{"record":"run","schema_version":2,"#),
         "{}",
         &text[..80]
     );
@@ -362,4 +390,114 @@ fn a_llama_cpp_profile_written_as_node_records_imports_with_the_same_bands() {
         .code(2)
         .stderr(predicate::str::contains("bad.jsonl:"));
     assert!(!dir.path().join("badrun").exists());
+    // what records do not carry is said so, not shown as a figure
+    let s = summary(&imported);
+    assert!(s["overhead"].is_null(), "{}", s["overhead"]);
+    assert!(s["agreement"].is_number());
+    let out = opledger()
+        .args(["report", "--format", "text"])
+        .arg(&imported)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("instrument overhead not measured") && text.contains("WARN overhead"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("ok overhead") && !text.contains("ok noise"),
+        "{text}"
+    );
+}
+
+fn summary(run: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap()
+}
+
+/// A decode profile at depth, written as node records and imported back, is the same decode
+/// profile: its work, isolation calibration, outputs and bands.
+#[test]
+fn a_decode_profile_written_as_node_records_imports_as_the_same_decode_profile() {
+    let _machine = crate::machine::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    opledger()
+        .args(["synth", "--preset", "tiny-qwen35moe", "-o"])
+        .arg(&model)
+        .assert()
+        .success();
+    let prof = dir.path().join("prof");
+    opledger()
+        .args([
+            "profile",
+            "-p",
+            "8",
+            "-d",
+            "16",
+            "-n",
+            "3",
+            "-r",
+            "3",
+            "--no-noise-gate",
+            "-q",
+            "-m",
+        ])
+        .arg(&model)
+        .arg("-o")
+        .arg(&prof)
+        .assert()
+        .success();
+    let records = opledger()
+        .args(["report", "--format", "jsonl"])
+        .arg(&prof)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let path = dir.path().join("nodes.jsonl");
+    std::fs::write(&path, &records).unwrap();
+    let imported = dir.path().join("imported");
+    opledger()
+        .args(["import", "--format", "jsonl", "-q"])
+        .arg(&path)
+        .arg("-o")
+        .arg(&imported)
+        .assert()
+        .success();
+    let (a, b) = (summary(&prof), summary(&imported));
+    for key in [
+        "tokens",
+        "depth_tokens",
+        "decode_tokens",
+        "parallel",
+        "node_steps",
+        "cycles",
+        "fused_ms",
+        "agreement",
+        "isolation_us",
+        "isolation_source",
+        "agreement_corrected",
+        "isolation_remainder_us",
+        "outputs_identical",
+        "bands",
+    ] {
+        assert_eq!(a[key], b[key], "{key}");
+    }
+    assert_eq!(a["decode_tokens"], 3);
+    assert_eq!(a["depth_tokens"], 16);
+    let outputs = |s: &serde_json::Value| {
+        s["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "outputs")
+            .unwrap()["status"]
+            .clone()
+    };
+    assert_eq!(outputs(&b), "pass");
+    assert!(b["overhead"].is_null());
 }

@@ -3,7 +3,7 @@
 
 use super::{Check, CheckStatus, ProfileRaw, ProfileSummary, AGREEMENT_GOAL, OVERHEAD_GOAL};
 use crate::band::{Assignment, AuditFinding, UNASSIGNED};
-use crate::noise::GateStats;
+use crate::noise::{GateConfig, GateStats};
 
 /// The worst status among `checks` (pass when there are none).
 pub fn worst(checks: &[Check]) -> CheckStatus {
@@ -17,9 +17,19 @@ pub fn worst(checks: &[Check]) -> CheckStatus {
 }
 
 /// The noise gate as a check: runs rejected and retaken, runs kept although still noisy (a
-/// warning), and how busy other processes were in the kept runs; `max_others` is the gate's
-/// threshold.
-pub fn noise_check(gate: &GateStats, max_others: f64) -> Check {
+/// warning), and how busy other processes were in the kept runs; a gate that was off measured
+/// nothing and says so.
+pub fn noise_check(gate: &GateStats, config: &GateConfig) -> Check {
+    let max_others = config.max_others;
+    if !config.enabled {
+        return Check {
+            name: "noise".into(),
+            status: CheckStatus::Warn,
+            detail: format!(
+                "{NOT_MEASURED}: the noise gate was off (--no-noise-gate): no run was checked against other processes' use of the CPUs"
+            ),
+        };
+    }
     Check {
         name: "noise".into(),
         status: if gate.kept_noisy == 0 {
@@ -41,15 +51,19 @@ pub fn noise_check(gate: &GateStats, max_others: f64) -> Check {
     }
 }
 
+/// How the detail of a check begins whose figure the run did not measure.
+pub const NOT_MEASURED: &str = "not measured";
+
 /// The summary's figures the checks judge.
 pub(super) struct Figures<'a> {
     pub audit: &'a [AuditFinding],
     /// The share of the TIMED time in a band, and the `unassigned` band's ms/token.
     pub coverage: f64,
     pub unassigned_ms: f64,
-    /// Medians of sum TIMED / FUSED - 1 and of FUSED-with-instrument / FUSED.
-    pub agreement: f64,
-    pub overhead: f64,
+    /// Medians of sum TIMED / FUSED - 1 and of FUSED-with-instrument / FUSED (`None`: the
+    /// runs they compare did not take place).
+    pub agreement: Option<f64>,
+    pub overhead: Option<f64>,
     /// Every run of every mode computed bit-identical logits.
     pub identical: bool,
 }
@@ -91,30 +105,47 @@ pub(super) fn checks(raw: &ProfileRaw, assignments: &[Assignment], f: &Figures<'
                 format!("{} matmuls in a band their layer kind forbids", audit.len())
             },
         },
-        Check {
-            name: "agreement".into(),
-            status: if f.agreement.abs() <= AGREEMENT_GOAL {
-                CheckStatus::Pass
-            } else {
-                CheckStatus::Warn
+        match f.agreement {
+            Some(a) => Check {
+                name: "agreement".into(),
+                status: if a.abs() <= AGREEMENT_GOAL {
+                    CheckStatus::Pass
+                } else {
+                    CheckStatus::Warn
+                },
+                detail: format!(
+                    "sum TIMED / FUSED - 1 = {:+.2} % (goal within ±{:.0} %)",
+                    a * 100.0,
+                    AGREEMENT_GOAL * 100.0
+                ),
             },
-            detail: format!(
-                "sum TIMED / FUSED - 1 = {:+.2} % (goal within ±{:.0} %)",
-                f.agreement * 100.0,
-                AGREEMENT_GOAL * 100.0
-            ),
+            None => Check {
+                name: "agreement".into(),
+                status: CheckStatus::Warn,
+                detail: format!(
+                    "{NOT_MEASURED}: no FUSED run apart from the TIMED one to hold its sum against"
+                ),
+            },
         },
-        Check {
-            name: "overhead".into(),
-            status: if f.overhead <= OVERHEAD_GOAL {
-                CheckStatus::Pass
-            } else {
-                CheckStatus::Warn
+        match f.overhead {
+            Some(o) => Check {
+                name: "overhead".into(),
+                status: if o <= OVERHEAD_GOAL {
+                    CheckStatus::Pass
+                } else {
+                    CheckStatus::Warn
+                },
+                detail: format!(
+                    "FUSED with instrument / without = {o:.4} (goal ≤ {OVERHEAD_GOAL})"
+                ),
             },
-            detail: format!(
-                "FUSED with instrument / without = {:.4} (goal ≤ {OVERHEAD_GOAL})",
-                f.overhead
-            ),
+            None => Check {
+                name: "overhead".into(),
+                status: CheckStatus::Warn,
+                detail: format!(
+                    "{NOT_MEASURED}: no FUSED run with the instrument installed to hold against the FUSED wall"
+                ),
+            },
         },
         Check {
             name: "outputs".into(),
@@ -127,7 +158,7 @@ pub(super) fn checks(raw: &ProfileRaw, assignments: &[Assignment], f: &Figures<'
             },
             detail: if raw.output_hashes.is_empty() {
                 // node records and imported traces carry no outputs: nothing was compared
-                "not measured: the run recorded no output hashes".into()
+                format!("{NOT_MEASURED}: the run recorded no output hashes")
             } else if identical {
                 "every run of every mode returned bit-identical logits".into()
             } else {
@@ -149,7 +180,7 @@ pub(super) fn checks(raw: &ProfileRaw, assignments: &[Assignment], f: &Figures<'
             },
         },
     ];
-    checks.push(noise_check(&raw.gate, raw.config.gate.max_others));
+    checks.push(noise_check(&raw.gate, &raw.config.gate));
     if raw.cycles.len() < 3 {
         checks.push(Check {
             name: "cycles".into(),

@@ -15,7 +15,7 @@ mod checks;
 mod measure;
 mod summary;
 
-pub use checks::{census_check, noise_check, worst};
+pub use checks::{census_check, noise_check, worst, NOT_MEASURED};
 pub use measure::{measure, measure_with, ProgressFn};
 pub use summary::{analyse, membership, per_cycle_ms_per_token, summarise};
 
@@ -199,15 +199,22 @@ pub struct ProfileSummary {
     /// Median sum of TIMED node times.
     pub timed_sum_ms: f64,
     pub timed_wall_ms: f64,
-    /// Median over cycles of (sum TIMED / FUSED - 1).
+    /// Median over cycles of (sum TIMED / FUSED - 1). This and every figure below that compares
+    /// runs of two modes (their spreads, the isolation cost and the corrected agreement, the
+    /// overhead) is NaN, null in JSON, where the run did not measure it: an imported trace
+    /// (one self-traced run), node records (no run with the instrument installed), a graph
+    /// without calibration or idle nodes.
+    #[serde(deserialize_with = "crate::ab::nan_when_null")]
     pub agreement: f64,
     pub agreement_spread: Spread,
     /// What isolating one node costs in TIMED mode (thread-pool wake-up, synchronisation,
     /// callback), measured, not assumed, per node and per run (a decode run sums its steps):
     /// the engine's calibration graph of trivial nodes where it has one, else the graph's own
     /// nodes that do no work.
+    #[serde(deserialize_with = "crate::ab::nan_when_null")]
     pub isolation_us: f64,
     /// The same per decode step (equal to `isolation_us` for a prefill chunk).
+    #[serde(deserialize_with = "crate::ab::nan_when_null")]
     pub isolation_us_per_step: f64,
     /// Decode steps each node's TIMED time sums (see [`ProfileRaw::node_steps`]).
     #[serde(default = "one")]
@@ -220,6 +227,7 @@ pub struct ProfileSummary {
     /// Nodes that do no work, the idle estimate's sample.
     pub isolation_nodes: u32,
     /// Agreement after removing the calibrated isolation cost from every node.
+    #[serde(deserialize_with = "crate::ab::nan_when_null")]
     pub agreement_corrected: f64,
     /// Decode: what the calibration left unexplained, µs per working node per step (median
     /// over cycles), taken equally from every working node for the corrected columns, so they
@@ -235,12 +243,15 @@ pub struct ProfileSummary {
     pub coverage: f64,
     /// Median over interleaved pairs (one per cycle, plus any extra pairs) of
     /// FUSED-with-instrument / FUSED.
+    #[serde(deserialize_with = "crate::ab::nan_when_null")]
     pub overhead: f64,
     pub overhead_spread: Spread,
     /// The same two ratios from the fastest run of each mode (min TIMED sum / min FUSED - 1,
     /// min FUSED-with-instrument / min FUSED): on a machine whose speed drifts, the least
     /// disturbed runs, as a cross-check of the medians.
+    #[serde(deserialize_with = "crate::ab::nan_when_null")]
     pub agreement_of_minimums: f64,
+    #[serde(deserialize_with = "crate::ab::nan_when_null")]
     pub overhead_of_minimums: f64,
     /// Every run of every mode computed bit-identical logits.
     pub outputs_identical: bool,

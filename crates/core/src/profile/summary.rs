@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use super::checks::{checks, Figures};
 use super::{BandRow, NameRow, ProfileRaw, ProfileSummary, SummaryError, PROFILE_SCHEMA_VERSION};
 use crate::band::{Assignment, AuditFinding, BandRules, UNASSIGNED};
+use crate::engine::Mode;
 use crate::stats::Sample;
 
 fn sample(values: &[f64], what: &str) -> Result<Sample, SummaryError> {
@@ -33,6 +34,7 @@ pub fn summarise(
         )?;
     }
     let walls = walls(raw)?;
+    let measured = Measured::of(raw, &isolation);
     let est = Estimator {
         raw: raw.cycles.iter().map(|c| c.node_us.as_slice()).collect(),
         corrected: isolation.corrected.iter().map(Vec::as_slice).collect(),
@@ -66,8 +68,8 @@ pub fn summarise(
             audit: &audit,
             coverage,
             unassigned_ms,
-            agreement: walls.agreement.median(),
-            overhead: walls.overhead.median(),
+            agreement: measured.agreement.then(|| walls.agreement.median()),
+            overhead: measured.overhead.then(|| walls.overhead.median()),
             identical,
         },
     );
@@ -111,23 +113,35 @@ pub fn summarise(
         tok_per_s: tok / walls.fused.median() * 1e3,
         timed_sum_ms: walls.timed_sum.median(),
         timed_wall_ms: walls.timed_wall.median(),
-        agreement: walls.agreement.median(),
-        agreement_spread: walls.agreement.spread(),
-        isolation_us: isolation.cost.median(),
-        isolation_us_per_step: isolation.cost.median() / isolation.steps,
+        agreement: measured.figure(measured.agreement, walls.agreement.median()),
+        agreement_spread: measured.spread(measured.agreement, walls.agreement.spread()),
+        isolation_us: measured.figure(measured.isolation, isolation.cost.median()),
+        isolation_us_per_step: measured.figure(
+            measured.isolation,
+            isolation.cost.median() / isolation.steps,
+        ),
         node_steps: isolation.steps as u32,
         isolation_source: isolation.source.into(),
         isolation_idle_us: isolation.idle.median(),
         isolation_nodes: isolation.idle_nodes as u32,
-        agreement_corrected: isolation.agreement_corrected.median(),
+        agreement_corrected: measured.figure(
+            measured.agreement && measured.isolation,
+            isolation.agreement_corrected.median(),
+        ),
         isolation_remainder_us: isolation.remainder.median(),
         decode_tokens: raw.config.work.decode_tokens,
         parallel: raw.config.work.parallel,
         coverage,
-        overhead: walls.overhead.median(),
-        overhead_spread: walls.overhead.spread(),
-        agreement_of_minimums: walls.timed_sum.min() / walls.fused.min() - 1.0,
-        overhead_of_minimums: walls.observed_all.min() / walls.fused_all.min(),
+        overhead: measured.figure(measured.overhead, walls.overhead.median()),
+        overhead_spread: measured.spread(measured.overhead, walls.overhead.spread()),
+        agreement_of_minimums: measured.figure(
+            measured.agreement,
+            walls.timed_sum.min() / walls.fused.min() - 1.0,
+        ),
+        overhead_of_minimums: measured.figure(
+            measured.overhead,
+            walls.observed_all.min() / walls.fused_all.min(),
+        ),
         outputs_identical: identical,
         noise_gate: raw.gate,
         nodes: n as u32,
@@ -236,6 +250,55 @@ fn split_figures(
     (devices, splits, Some(check))
 }
 
+/// What the stored runs measured. A figure of a run that never took place is not measured:
+/// NaN in the summary (null in `summary.json`), "not measured" wherever it is shown, never a
+/// ratio of a wall to itself.
+struct Measured {
+    /// A FUSED run apart from the TIMED one (an imported trace is one self-traced run).
+    agreement: bool,
+    /// A FUSED run with the instrument installed (node records and imports have none).
+    overhead: bool,
+    /// The engine's calibration, or nodes of the graph that do no work.
+    isolation: bool,
+}
+
+impl Measured {
+    fn of(raw: &ProfileRaw, isolation: &Isolation) -> Measured {
+        // runs stored without their order ran every mode
+        let ran = |m: Mode| {
+            raw.cycles
+                .iter()
+                .all(|c| c.order.is_empty() || c.order.contains(&m))
+        };
+        Measured {
+            agreement: ran(Mode::Fused) && ran(Mode::Timed),
+            overhead: ran(Mode::FusedObserved),
+            isolation: isolation.calibrated || isolation.idle_nodes > 0,
+        }
+    }
+
+    fn figure(&self, measured: bool, value: f64) -> f64 {
+        if measured {
+            value
+        } else {
+            f64::NAN
+        }
+    }
+
+    fn spread(&self, measured: bool, s: crate::stats::Spread) -> crate::stats::Spread {
+        if measured {
+            s
+        } else {
+            crate::stats::Spread {
+                median: f64::NAN,
+                min: f64::NAN,
+                max: f64::NAN,
+                n: 0,
+            }
+        }
+    }
+}
+
 /// Refuses a profile without cycles, with assignments of another graph, or with a cycle that
 /// timed another number of nodes than the graph holds.
 fn validate(raw: &ProfileRaw, assignments: &[Assignment]) -> Result<(), SummaryError> {
@@ -276,6 +339,8 @@ struct Isolation {
     /// Per node: a working node stopped at 0 by the removal in at least one cycle.
     clamped: Vec<bool>,
     source: &'static str,
+    /// The engine calibrated the cost in every cycle.
+    calibrated: bool,
 }
 
 /// The isolation cost per node per run, per cycle: the engine's calibration where it has one
@@ -355,6 +420,7 @@ fn isolation(raw: &ProfileRaw) -> Result<Isolation, SummaryError> {
         corrected,
         clamped,
         source,
+        calibrated,
     })
 }
 

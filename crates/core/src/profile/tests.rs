@@ -652,3 +652,89 @@ fn a_split_whose_copies_ggml_cut_fails_its_device_check_and_an_uncompared_one_wa
         "{devices:?}"
     );
 }
+
+#[test]
+fn figures_of_runs_that_did_not_take_place_are_null_and_their_checks_say_not_measured() {
+    use crate::engine::Mode;
+    let mut e = MockEngine::new(&NODES);
+    let mut raw = measure(&mut e, &cfg(3), &mut |_, _, _| {}).unwrap();
+    let rules = BandRules::builtin("qwen35moe").unwrap();
+    let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+    let summary = |raw: &ProfileRaw| analyse(raw, &rules, &arch).unwrap().1;
+    let check =
+        |s: &ProfileSummary, name: &str| s.checks.iter().find(|c| c.name == name).unwrap().clone();
+    // a measured profile: every figure a number
+    let s = summary(&raw);
+    for x in [
+        s.agreement,
+        s.overhead,
+        s.isolation_us,
+        s.agreement_corrected,
+    ] {
+        assert!(x.is_finite());
+    }
+    assert!(!check(&s, "noise").detail.starts_with(NOT_MEASURED));
+
+    // node records: FUSED and TIMED runs, no run with the instrument installed, no gate
+    for c in &mut raw.cycles {
+        c.order = vec![Mode::Fused, Mode::Timed];
+        c.fused_observed_ms = c.fused_ms;
+    }
+    raw.overhead_pairs.clear();
+    raw.config.gate.enabled = false;
+    let s = summary(&raw);
+    assert!(s.agreement.is_finite() && s.agreement_of_minimums.is_finite());
+    assert!(s.overhead.is_nan() && s.overhead_of_minimums.is_nan());
+    assert!(s.overhead_spread.median.is_nan() && s.overhead_spread.max.is_nan());
+    let v = serde_json::to_value(&s).unwrap();
+    assert!(v["overhead"].is_null() && v["overhead_of_minimums"].is_null());
+    assert!(v["agreement"].is_number());
+    for name in ["overhead", "noise"] {
+        let c = check(&s, name);
+        assert_eq!(c.status, CheckStatus::Warn, "{name}");
+        assert!(c.detail.starts_with(NOT_MEASURED), "{name}: {}", c.detail);
+    }
+    assert!(!check(&s, "agreement").detail.starts_with(NOT_MEASURED));
+
+    // an imported trace: one self-traced (TIMED) run, no idle node, no calibration
+    let keep: Vec<usize> = (0..raw.graph.len())
+        .filter(|&i| raw.graph[i].is_working())
+        .collect();
+    assert!(keep.len() < raw.graph.len(), "the mock graph has a view");
+    raw.graph = keep.iter().map(|&i| raw.graph[i].clone()).collect();
+    for c in &mut raw.cycles {
+        c.node_us = keep.iter().map(|&i| c.node_us[i]).collect();
+        c.order = vec![Mode::Timed];
+        c.isolation_us = None;
+        c.isolation_node_us.clear();
+    }
+    let s = summary(&raw);
+    for (name, x) in [
+        ("agreement", s.agreement),
+        ("agreement_corrected", s.agreement_corrected),
+        ("isolation_us", s.isolation_us),
+        ("isolation_us_per_step", s.isolation_us_per_step),
+        ("overhead", s.overhead),
+        ("agreement_of_minimums", s.agreement_of_minimums),
+    ] {
+        assert!(x.is_nan(), "{name} = {x}");
+    }
+    let v = serde_json::to_value(&s).unwrap();
+    for key in [
+        "agreement",
+        "agreement_corrected",
+        "isolation_us",
+        "overhead",
+    ] {
+        assert!(v[key].is_null(), "{key}: {}", v[key]);
+    }
+    assert!(v["agreement_spread"]["median"].is_null());
+    // summary.json is read back with its nulls
+    let back: ProfileSummary = serde_json::from_value(v).unwrap();
+    assert!(back.agreement.is_nan() && back.agreement_spread.min.is_nan());
+    let c = check(&s, "agreement");
+    assert_eq!(c.status, CheckStatus::Warn);
+    assert!(c.detail.starts_with(NOT_MEASURED), "{}", c.detail);
+    // the bands still stand: the shares of the TIMED run times its wall
+    assert!(s.fused_ms.is_finite() && s.bands.iter().all(|b| b.ms_per_token.is_finite()));
+}
