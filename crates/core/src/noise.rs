@@ -745,7 +745,13 @@ mod tests {
             s.canary_text().unwrap(),
             "the canary (812 µs at best) was slowed around 2 runs /proc saw quiet (retaken), around kept runs by up to +31 % over its recent best"
         );
-        let c = crate::profile::noise_check(&s, 0.1);
+        let c = crate::profile::noise_check(
+            &s,
+            &GateConfig {
+                max_others: 0.1,
+                ..GateConfig::default()
+            },
+        );
         assert!(
             c.detail.ends_with(&s.canary_text().unwrap()),
             "{}",

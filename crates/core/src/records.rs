@@ -195,10 +195,12 @@ impl RecordRun {
                     node_us: us.clone(),
                     isolation_us: *iso,
                     isolation_node_us: iso_nodes.clone(),
+                    noise: Vec::new(),
                 })
                 .collect(),
             output_hashes: self.output_hashes.clone(),
             overhead_pairs: Vec::new(),
+            overhead_pairs_noise: Vec::new(),
             gate: Default::default(),
             outputs_checked_finite: self.outputs_checked_finite,
             node_steps: Some(self.node_steps.unwrap_or(if self.schema_version < 2 {

@@ -258,6 +258,7 @@ fn a_sweep_split_over_rpc_says_its_prefill_shares_are_raw_in_every_format() {
     };
     assert!(v.summary.checks.iter().all(|c| c.name != "split shares"));
     assert!(!text(render(&local, Format::Text, &opts).unwrap()).contains("raw"));
+}
 
 /// A profile read from node records (a FUSED and a TIMED run each, no run with the instrument
 /// installed, no noise gate) and an imported trace (one self-traced run): what they did not

@@ -538,6 +538,7 @@ fn a_band_stopped_at_zero_by_the_isolation_removal_is_said_so() {
         node_us: vec![moe_us, 4.0 * 37.0],
         isolation_us: Some(5.0),
         isolation_node_us: vec![5.0, 5.0],
+        noise: Vec::new(),
     };
     let mut raw = ProfileRaw {
         schema_version: PROFILE_SCHEMA_VERSION,
@@ -547,6 +548,7 @@ fn a_band_stopped_at_zero_by_the_isolation_removal_is_said_so() {
         cycles: vec![cycle(4.0 * 3.0), cycle(4.0 * 10.0)],
         output_hashes: BTreeMap::new(),
         overhead_pairs: Vec::new(),
+        overhead_pairs_noise: Vec::new(),
         gate: Default::default(),
         outputs_checked_finite: true,
         node_steps: Some(4),
