@@ -43,8 +43,8 @@ fn assert_report_reproduces_summary(run: &std::path::Path) {
 
 /// A measured profile is sound: every node in a band, coverage 100 %, the audit clean, every run
 /// computed the same logits, every check passed except those that judge the machine's timing
-/// (agreement, overhead, cycles, noise: a test on a shared 2-core machine must not assert that it
-/// was quiet), and every cycle timed every node.
+/// (agreement, overhead, cycles, noise, corrected at 0: a test on a shared 2-core machine must
+/// not assert that it was quiet), and every cycle timed every node.
 fn assert_profile_is_sound(
     raw: &opledger_core::profile::ProfileRaw,
     assignments: &[opledger_core::band::Assignment],
@@ -65,7 +65,11 @@ fn assert_profile_is_sound(
         "the runs of the profile computed different logits"
     );
     for c in &summary.checks {
-        if !["agreement", "overhead", "cycles", "noise"].contains(&c.name.as_str()) {
+        // (a node stopped at 0 by removing its isolation cost is a node whose TIMED time was
+        // below that cost in a cycle: a judgement on the machine's timing too)
+        if !["agreement", "overhead", "cycles", "noise", "corrected at 0"]
+            .contains(&c.name.as_str())
+        {
             assert_eq!(
                 c.status,
                 opledger_core::profile::CheckStatus::Pass,
