@@ -841,7 +841,7 @@ impl GraphCapturer for WorkerEngine {
         )?;
         let (mut nodes, _) = self.capture(&d)?;
         let mut computed = if d.aborted { 1 } else { nodes.len() as u32 };
-        if !nodes.last().is_some_and(|n| n.name == "result_output") {
+        if nodes.last().is_none_or(|n| n.name != "result_output") {
             if work.depth_tokens > 0 {
                 let _: Done = self.req("restore", json!({"ctx": "observed", "scope": "seq0"}))?;
             } else {
