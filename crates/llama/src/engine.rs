@@ -73,7 +73,7 @@ pub struct LlamaEngine {
     chunk: Vec<i32>,
     state: Vec<u8>,
     /// A sweep in progress.
-    sweep: Option<SweepState>,
+    sweep: Option<opledger_core::sweep::PassOrder>,
     /// The graph of the prepared work, once `graph()` captured it.
     graph: Option<CapturedGraph>,
     /// The graph of one decode step of a sweep (`sweep_decode_graph`), which TIMED decode steps
@@ -969,25 +969,15 @@ impl SweepEngine for LlamaEngine {
         self.chunk = self.sweep_tokens(&first, 0)?.0;
         self.state = Vec::new();
         self.work = Some(first);
-        self.sweep = Some(SweepState {
-            chunks,
-            next: [None, None],
-            decode,
-        });
+        self.sweep = Some(opledger_core::sweep::PassOrder::new(chunks, decode));
         Ok(())
     }
 
     fn start_pass(&mut self, mode: Mode, first_chunk: u32) -> Result<(), EngineError> {
-        let Some(chunks) = self.sweep.as_ref().map(|s| s.chunks) else {
-            return Err(EngineError::Failed(
-                "start_pass() before prepare_sweep()".into(),
-            ));
-        };
-        if first_chunk > chunks {
-            return Err(EngineError::Failed(format!(
-                "a pass starting at chunk {first_chunk} of {chunks}"
-            )));
-        }
+        self.sweep
+            .as_ref()
+            .ok_or_else(|| EngineError::Failed("start_pass() before prepare_sweep()".into()))?
+            .check_start(first_chunk)?;
         let work = self
             .work
             .clone()
@@ -1008,21 +998,16 @@ impl SweepEngine for LlamaEngine {
         }
         self.pool.pause();
         if let Some(s) = self.sweep.as_mut() {
-            s.next[sweep_slot(mode)] = Some(first_chunk);
+            s.set_next(mode, first_chunk);
         }
         Ok(())
     }
 
     fn pass_chunk(&mut self, mode: Mode, index: u32) -> Result<ChunkTiming, EngineError> {
-        match &self.sweep {
-            Some(s) if s.next[sweep_slot(mode)] == Some(index) && index < s.chunks => {}
-            other => {
-                return Err(EngineError::Failed(format!(
-                    "pass_chunk({}, {index}) out of order (sweep state {other:?})",
-                    mode.label()
-                )))
-            }
-        }
+        self.sweep
+            .as_ref()
+            .ok_or_else(|| EngineError::Failed("pass_chunk() before prepare_sweep()".into()))?
+            .check_chunk(mode, index)?;
         let work = self
             .work
             .clone()
@@ -1032,7 +1017,7 @@ impl SweepEngine for LlamaEngine {
         self.pool.pause();
         let (wall_ms, hash) = timed?;
         if let Some(s) = self.sweep.as_mut() {
-            s.next[sweep_slot(mode)] = Some(index + 1);
+            s.set_next(mode, index + 1);
         }
         self.timing(mode, wall_ms, hash)
     }
@@ -1044,17 +1029,10 @@ impl SweepEngine for LlamaEngine {
         steps: u32,
         parallel: u32,
     ) -> Result<ChunkTiming, EngineError> {
-        match &self.sweep {
-            Some(s)
-                if s.next[sweep_slot(mode)] == Some(after_chunk + 1)
-                    && s.decode == Some((steps, parallel)) => {}
-            other => {
-                return Err(EngineError::Failed(format!(
-                    "pass_decode({}, {after_chunk}) out of order (sweep state {other:?})",
-                    mode.label()
-                )))
-            }
-        }
+        self.sweep
+            .as_ref()
+            .ok_or_else(|| EngineError::Failed("pass_decode() before prepare_sweep()".into()))?
+            .check_decode(mode, after_chunk, steps, parallel)?;
         if mode != Mode::Fused && self.decode_graph.is_none() {
             return Err(EngineError::Failed(
                 "pass_decode() before sweep_decode_graph()".into(),
@@ -1126,7 +1104,7 @@ impl SweepEngine for LlamaEngine {
         let work = self.work.clone().ok_or_else(|| {
             EngineError::Failed("sweep_decode_graph() before prepare_sweep()".into())
         })?;
-        if self.sweep.as_ref().and_then(|s| s.decode).is_none() {
+        if self.sweep.as_ref().and_then(|s| s.decode()).is_none() {
             return Err(EngineError::Failed(
                 "sweep_decode_graph() on a sweep prepared without decode steps".into(),
             ));
@@ -1159,7 +1137,7 @@ impl SweepEngine for LlamaEngine {
         self.decode_graph = Some(graph);
         // the passes start from an empty context again
         if let Some(s) = self.sweep.as_mut() {
-            s.next = [None, None];
+            s.reset();
         }
         Ok(nodes)
     }
@@ -1209,15 +1187,6 @@ impl GraphCapturer for LlamaEngine {
     fn capture_graph(&mut self, work: &Work) -> Result<GraphCapture, EngineError> {
         Ok(self.capture_graph_inner(work)?)
     }
-}
-
-/// A depth sweep in progress: its chunk count, each mode's next chunk (the two modes run in
-/// lockstep, each in its own context) and the decode steps after every chunk.
-#[derive(Debug, Clone)]
-struct SweepState {
-    chunks: u32,
-    next: [Option<u32>; 2],
-    decode: Option<(u32, u32)>,
 }
 
 /// How each captured node is dispatched (no work, one thread, every thread), for a calibration
@@ -1288,14 +1257,6 @@ fn dispatch_of(nodes: &[NodeInfo], all_threads: &[bool]) -> Vec<crate::calibrate
             }
         })
         .collect()
-}
-
-fn sweep_slot(mode: Mode) -> usize {
-    if mode == Mode::Fused {
-        0
-    } else {
-        1
-    }
 }
 
 /// The tokens of one sweep decode step at position `pos`: one per forked sequence, each

@@ -15,6 +15,7 @@ use opledger_core::engine::{
     SweepEngine, Work,
 };
 use opledger_core::node::NodeInfo;
+use opledger_core::sweep::PassOrder;
 use opledger_core::tokens::{
     decode_step_tokens, filler_tokens, forked_step_tokens as sweep_step_tokens,
 };
@@ -49,14 +50,6 @@ struct Captured {
     ops: Vec<u32>,
 }
 
-/// A depth sweep in progress (as the embedded engine's).
-#[derive(Debug, Clone)]
-struct SweepState {
-    chunks: u32,
-    next: [Option<u32>; 2],
-    decode: Option<(u32, u32)>,
-}
-
 /// llama.cpp in a worker process, as an [`Engine`].
 pub struct WorkerEngine {
     proc: WorkerProcess,
@@ -70,7 +63,7 @@ pub struct WorkerEngine {
     state: Option<&'static str>,
     graph: Option<Captured>,
     decode_graph: Option<Captured>,
-    sweep: Option<SweepState>,
+    sweep: Option<PassOrder>,
     last_mode: Option<Mode>,
 }
 
@@ -355,11 +348,7 @@ impl WorkerEngine {
         self.chunk = chunk;
         let d = d?;
         Self::check_finite(&format!("the {} run", mode.label()), &d)?;
-        let hash = if work.all_logits {
-            d.row_hashes.iter().fold(0u64, |h, r| h.rotate_left(5) ^ r)
-        } else {
-            d.row_hashes.first().copied().unwrap_or(0)
-        };
+        let hash = chunk_hash(&d, work.all_logits);
         let graph = self.graph.clone();
         self.timing(mode, &d, graph.as_ref(), hash)
     }
@@ -660,25 +649,15 @@ impl SweepEngine for WorkerEngine {
         self.chunk = self.sweep_tokens(&first, 0)?.0;
         self.state = None;
         self.work = Some(first);
-        self.sweep = Some(SweepState {
-            chunks,
-            next: [None, None],
-            decode,
-        });
+        self.sweep = Some(PassOrder::new(chunks, decode));
         Ok(())
     }
 
     fn start_pass(&mut self, mode: Mode, first_chunk: u32) -> Result<(), EngineError> {
-        let Some(chunks) = self.sweep.as_ref().map(|s| s.chunks) else {
-            return Err(EngineError::Failed(
-                "start_pass() before prepare_sweep()".into(),
-            ));
-        };
-        if first_chunk > chunks {
-            return Err(EngineError::Failed(format!(
-                "a pass starting at chunk {first_chunk} of {chunks}"
-            )));
-        }
+        self.sweep
+            .as_ref()
+            .ok_or_else(|| EngineError::Failed("start_pass() before prepare_sweep()".into()))?
+            .check_start(first_chunk)?;
         let work = self
             .work
             .clone()
@@ -695,22 +674,16 @@ impl SweepEngine for WorkerEngine {
             self.decode(mode, &fill, 0, false, obs)?;
         }
         if let Some(s) = self.sweep.as_mut() {
-            s.next[usize::from(mode != Mode::Fused)] = Some(first_chunk);
+            s.set_next(mode, first_chunk);
         }
         Ok(())
     }
 
     fn pass_chunk(&mut self, mode: Mode, index: u32) -> Result<ChunkTiming, EngineError> {
-        let slot = usize::from(mode != Mode::Fused);
-        match &self.sweep {
-            Some(s) if s.next[slot] == Some(index) && index < s.chunks => {}
-            other => {
-                return Err(EngineError::Failed(format!(
-                    "pass_chunk({}, {index}) out of order (sweep state {other:?})",
-                    mode.label()
-                )))
-            }
-        }
+        self.sweep
+            .as_ref()
+            .ok_or_else(|| EngineError::Failed("pass_chunk() before prepare_sweep()".into()))?
+            .check_chunk(mode, index)?;
         let work = self
             .work
             .clone()
@@ -718,13 +691,9 @@ impl SweepEngine for WorkerEngine {
         let (tokens, pos0) = self.sweep_tokens(&work, index)?;
         let d = self.decode(mode, &tokens, pos0, work.all_logits, observe(mode))?;
         Self::check_finite(&format!("the {} run", mode.label()), &d)?;
-        let hash = if work.all_logits {
-            d.row_hashes.iter().fold(0u64, |h, r| h.rotate_left(5) ^ r)
-        } else {
-            d.row_hashes.first().copied().unwrap_or(0)
-        };
+        let hash = chunk_hash(&d, work.all_logits);
         if let Some(s) = self.sweep.as_mut() {
-            s.next[slot] = Some(index + 1);
+            s.set_next(mode, index + 1);
         }
         let graph = self.graph.clone();
         self.timing(mode, &d, graph.as_ref(), hash)
@@ -737,18 +706,10 @@ impl SweepEngine for WorkerEngine {
         steps: u32,
         parallel: u32,
     ) -> Result<ChunkTiming, EngineError> {
-        let slot = usize::from(mode != Mode::Fused);
-        match &self.sweep {
-            Some(s)
-                if s.next[slot] == Some(after_chunk + 1) && s.decode == Some((steps, parallel)) => {
-            }
-            other => {
-                return Err(EngineError::Failed(format!(
-                    "pass_decode({}, {after_chunk}) out of order (sweep state {other:?})",
-                    mode.label()
-                )))
-            }
-        }
+        self.sweep
+            .as_ref()
+            .ok_or_else(|| EngineError::Failed("pass_decode() before prepare_sweep()".into()))?
+            .check_decode(mode, after_chunk, steps, parallel)?;
         if mode != Mode::Fused && self.decode_graph.is_none() {
             return Err(EngineError::Failed(
                 "pass_decode() before sweep_decode_graph()".into(),
@@ -786,7 +747,7 @@ impl SweepEngine for WorkerEngine {
         let work = self.work.clone().ok_or_else(|| {
             EngineError::Failed("sweep_decode_graph() before prepare_sweep()".into())
         })?;
-        if self.sweep.as_ref().and_then(|s| s.decode).is_none() {
+        if self.sweep.as_ref().and_then(|s| s.decode()).is_none() {
             return Err(EngineError::Failed(
                 "sweep_decode_graph() on a sweep prepared without decode steps".into(),
             ));
@@ -810,7 +771,7 @@ impl SweepEngine for WorkerEngine {
         let (nodes, captured) = self.capture(&d)?;
         self.decode_graph = Some(captured);
         if let Some(s) = self.sweep.as_mut() {
-            s.next = [None, None];
+            s.reset();
         }
         Ok(nodes)
     }
@@ -864,5 +825,15 @@ impl GraphCapturer for WorkerEngine {
             chunk_nodes_computed: computed,
             wall_ms: t0.elapsed().as_secs_f64() * 1e3,
         })
+    }
+}
+
+/// A prefill chunk's hash from its rows' (as the embedded engine's): every token's row folded
+/// in, or the last token's alone.
+fn chunk_hash(d: &Decoded, all_logits: bool) -> u64 {
+    if all_logits {
+        d.row_hashes.iter().fold(0u64, |h, r| h.rotate_left(5) ^ r)
+    } else {
+        d.row_hashes.first().copied().unwrap_or(0)
     }
 }

@@ -145,7 +145,8 @@ impl WorkerProcess {
             stderr_tail: tail,
             next_id: 1,
             timeout,
-            hello: placeholder_hello(),
+            // read right below, before the process is handed out
+            hello: Hello::default(),
             dead: None,
         };
         let line = p.read_line("its hello")?;
@@ -340,24 +341,6 @@ fn describe_status(s: std::process::ExitStatus) -> String {
         format!("was killed by signal {sig}{name}")
     } else {
         format!("exited with status {}", s.code().unwrap_or(-1))
-    }
-}
-
-fn placeholder_hello() -> Hello {
-    Hello {
-        protocol: String::new(),
-        version: 0,
-        llama: crate::protocol::LlamaBuild {
-            commit: String::new(),
-            build: String::new(),
-            ggml_version: String::new(),
-            ggml_commit: String::new(),
-            compiler: String::new(),
-            build_options: String::new(),
-            system_info: String::new(),
-            backends: Vec::new(),
-            devices: Vec::new(),
-        },
     }
 }
 

@@ -45,7 +45,7 @@ fn not_protocol(why: impl Into<String>, line: &str) -> ProtocolError {
 }
 
 /// One device the worker's ggml sees.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Device {
     pub name: String,
@@ -58,7 +58,7 @@ pub struct Device {
 }
 
 /// The llama.cpp build a worker was compiled against.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LlamaBuild {
     /// The llama.cpp commit (`unknown` for a tree without git metadata).
@@ -77,7 +77,7 @@ pub struct LlamaBuild {
 }
 
 /// The worker's first line.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Hello {
     pub protocol: String,

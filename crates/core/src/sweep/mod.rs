@@ -5,6 +5,7 @@
 //! interrupted sweep resumes); the pure summary gives per-depth bands, a line per band, attention
 //! per layer kind and the depth where attention overtakes the FFN.
 
+mod order;
 mod record;
 mod run;
 mod summary;
@@ -13,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::{EngineError, Work};
 
+pub use order::PassOrder;
 pub use record::{load_folder, ChunkRecord, ChunkStore, FolderStore, MemoryStore, PassLog, Phase};
 pub use run::{run_sweep, SweepProgress};
 pub use summary::{
