@@ -16,10 +16,11 @@ use std::time::Instant;
 use opledger_core::noise::{Gate, GateConfig, DEFAULT_CANARY_SLOWDOWN};
 
 const ROOT: &str = "/sys/fs/cgroup/cpu";
-/// The quota: 2 ms of CPU every 10 ms (a fifth of one CPU). The canary (about 1 ms on each of
-/// two threads) needs more than one period's quota, so each of its timings is throttled.
+/// The quota: 1 ms of CPU every 10 ms (a tenth of one CPU). The canary (about 1 ms on each of
+/// two threads) needs at least two periods' quota, so each of its timings is throttled (with 2 ms,
+/// a canary that started with a fresh period's quota fitted in it: 4 of 6 runs caught once).
 const PERIOD_US: u64 = 10_000;
-const QUOTA_US: u64 = 2_000;
+const QUOTA_US: u64 = 1_000;
 const RUNS: usize = 6;
 
 /// Says something on stderr even when the harness captures the test's output.
@@ -163,7 +164,7 @@ fn a_cpu_quota_slows_the_canary_and_not_the_proc_gate() {
         w.sort_by(f64::total_cmp);
         w[w.len() / 2]
     };
-    // the quota took: the work ran well under full speed (a fifth of a CPU, about 5x, less
+    // the quota took: the work ran well under full speed (a tenth of a CPU, about 10x, less
     // what the kernel's 5 ms bandwidth slices let through: 2-4x seen)
     assert!(
         median(&throttled) > 1.5 * median(&quiet),
@@ -177,8 +178,20 @@ fn a_cpu_quota_slows_the_canary_and_not_the_proc_gate() {
         caught >= RUNS - 1,
         "the canary caught {caught} of {RUNS} throttled runs"
     );
-    assert!(kept.retakes == 1 && kept.noisy && kept.canary_slowdown() > DEFAULT_CANARY_SLOWDOWN);
-    assert!(gate.stats.rejected >= 1 && gate.stats.kept_noisy >= 1);
+    // the gate retook the run for the canary's sake; whether the retake was slowed too depends
+    // on where it fell in the quota's periods (one retake's closing canary once fitted a fresh
+    // period and ran at full speed), so keeping a run as noisy after its retakes is left to the
+    // scripted-timing tests of core::noise
+    assert_eq!(kept.retakes, 1, "{kept:?}");
+    assert!(
+        gate.stats.rejected >= 1 && gate.stats.rejected_by_canary >= 1,
+        "{:?}",
+        gate.stats
+    );
+    assert!(
+        !kept.noisy || kept.canary_slowdown() > DEFAULT_CANARY_SLOWDOWN,
+        "{kept:?}"
+    );
 
     // /proc: blind to the quota, shown where the machine was quiet before it went on
     let busy_before = quiet.iter().filter(|r| r.1).count();
