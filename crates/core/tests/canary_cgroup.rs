@@ -183,18 +183,19 @@ fn a_cpu_quota_slows_the_canary_and_not_the_proc_gate() {
     // period and ran at full speed), so keeping a run as noisy after its retakes is left to the
     // scripted-timing tests of core::noise
     assert_eq!(kept.retakes, 1, "{kept:?}");
-    assert!(
-        gate.stats.rejected >= 1 && gate.stats.rejected_by_canary >= 1,
-        "{:?}",
-        gate.stats
-    );
+    assert!(gate.stats.rejected >= 1, "{:?}", gate.stats);
+    // counted as the canary's only where /proc saw nothing else: on a machine where other
+    // processes were busy before the quota, /proc may have called the retake first
+    let busy_before = quiet.iter().filter(|r| r.1).count();
+    if busy_before == 0 {
+        assert!(gate.stats.rejected_by_canary >= 1, "{:?}", gate.stats);
+    }
     assert!(
         !kept.noisy || kept.canary_slowdown() > DEFAULT_CANARY_SLOWDOWN,
         "{kept:?}"
     );
 
     // /proc: blind to the quota, shown where the machine was quiet before it went on
-    let busy_before = quiet.iter().filter(|r| r.1).count();
     if busy_before > 0 {
         say(&format!(
             "/proc half SKIPPED: other processes were busy in {busy_before} of {RUNS} runs before the quota (the /proc gate flags them for its own reasons), so its blindness to the quota cannot be shown now"
