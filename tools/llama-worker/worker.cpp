@@ -686,7 +686,7 @@ static uint64_t hash_row(const float * v, size_t n) {
 // ---------------------------------------------------------------------------------------------
 // Requests.
 
-static void devices_json(std::string & out);
+static void devices_json(std::string & out, const std::vector<ggml_backend_dev_t> & more = {});
 
 static std::string hello() {
     std::string out = "{\"protocol\":\"opledger-llama-worker\",\"version\":";
@@ -747,11 +747,21 @@ static std::string hello() {
     return out;
 }
 
-// ggml's devices (the RPC servers' among them once added), as the hello and `load` list them.
-static void devices_json(std::string & out) {
-    out += "[";
+// ggml's registered devices and `more` (RPC servers' devices, which ggml does not register),
+// as the hello and `load` list them.
+static void devices_json(std::string & out, const std::vector<ggml_backend_dev_t> & more) {
+    std::vector<ggml_backend_dev_t> all;
     for (size_t k = 0; k < ggml_backend_dev_count(); k++) {
-        ggml_backend_dev_t d = ggml_backend_dev_get(k);
+        all.push_back(ggml_backend_dev_get(k));
+    }
+    for (ggml_backend_dev_t d : more) {
+        if (d != nullptr) {
+            all.push_back(d);
+        }
+    }
+    out += "[";
+    for (size_t k = 0; k < all.size(); k++) {
+        ggml_backend_dev_t d = all[k];
         size_t free_b = 0, total_b = 0;
         ggml_backend_dev_memory(d, &free_b, &total_b);
         const char * kind = "cpu";
@@ -861,7 +871,7 @@ static void op_load(Worker & w, const Json & req, std::string & out) {
     out += ",\"load_ms\":";
     out += ms;
     out += ",\"devices\":";
-    devices_json(out);
+    devices_json(out, devices);
 }
 
 static void make_ctx(Worker & w, Ctx & c, const Json & req, bool instrumented) {
