@@ -503,6 +503,32 @@ fn a_worker_splits_a_model_over_rpc_servers_as_the_embedded_engine_does() {
     ] {
         assert!(listed.contains(&want), "{want} not in {listed}");
     }
+    // a server nobody serves is refused before the worker's ggml client meets it (which
+    // would abort the worker): the input's error, naming the server, and no run folder
+    let nobody = format!(
+        "127.0.0.1:{}",
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    );
+    let out = dir.path().join("refused");
+    let o = Command::new(bin())
+        .args(["profile", "-p", "16", "-t", "1", "-q", "--rpc", &nobody])
+        .args(["--llama-worker", w.to_str().unwrap(), "-m"])
+        .arg(&model)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&nobody) && err.contains("connection refused"),
+        "{err}"
+    );
+    assert!(!out.exists() || out.join("INCOMPLETE").exists());
 }
 
 /// A side's `env:NAME=VALUE` knob is set in that side's worker only, and the manifest records
