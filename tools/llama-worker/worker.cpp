@@ -3,10 +3,12 @@
 // summarises or judges (that is opledger's). The protocol is PROTOCOL.md beside this file.
 //
 // Only llama.cpp's public headers are used (llama.h, which brings ggml.h, ggml-cpu.h and
-// ggml-backend.h).
+// ggml-backend.h). Tensors on a device are read through ggml_backend_tensor_get only (a
+// device buffer is not host memory); logits through llama_get_logits_ith (host copies).
 
 #include "llama.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -23,6 +25,10 @@
 #include <unordered_map>
 #include <vector>
 
+#if !defined(_WIN32)
+extern char ** environ;
+#endif
+
 #ifndef OPLEDGER_WORKER_LLAMA_COMMIT
 #define OPLEDGER_WORKER_LLAMA_COMMIT "unknown"
 #endif
@@ -33,7 +39,7 @@
 #define OPLEDGER_WORKER_BUILD_OPTIONS ""
 #endif
 
-static const int PROTOCOL_VERSION = 1;
+static const int PROTOCOL_VERSION = 2;
 
 // ---------------------------------------------------------------------------------------------
 // A small JSON value and parser (requests are small objects; answers are written by hand).
@@ -374,17 +380,50 @@ static uint64_t now_ns() {
         .count();
 }
 
+// The buffer holding a tensor's memory (its view source's when it has none).
+static ggml_backend_buffer_t buffer_of(const ggml_tensor * t) {
+    return (t->buffer == nullptr && t->view_src != nullptr) ? t->view_src->buffer : t->buffer;
+}
+
+static ggml_backend_dev_t device_of(const ggml_tensor * t) {
+    ggml_backend_buffer_t buf = buffer_of(t);
+    ggml_backend_buffer_type_t buft = buf ? ggml_backend_buffer_get_type(buf) : nullptr;
+    return buft ? ggml_backend_buft_get_device(buft) : nullptr;
+}
+
 static const char * device_name(const ggml_tensor * t) {
-    const ggml_tensor * m = (t->buffer == nullptr && t->view_src != nullptr) ? t->view_src : t;
-    if (m->buffer == nullptr) {
+    ggml_backend_buffer_t buf = buffer_of(t);
+    if (buf == nullptr) {
         return nullptr;
     }
-    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(m->buffer);
-    ggml_backend_dev_t dev = buft ? ggml_backend_buft_get_device(buft) : nullptr;
+    ggml_backend_dev_t dev = device_of(t);
     if (dev == nullptr) {
-        return ggml_backend_buffer_name(m->buffer);
+        return ggml_backend_buffer_name(buf);
     }
     return ggml_backend_dev_name(dev);
+}
+
+// Whether a tensor lives on a device of ggml's RPC backend, whose "synchronize" waits for the
+// send only (a graph is computed without an answer): its end is waited for by a read.
+static bool on_rpc_device(const ggml_tensor * t) {
+    static ggml_backend_reg_t rpc = ggml_backend_reg_by_name("RPC");
+    ggml_backend_buffer_t buf = buffer_of(t);
+    if (rpc == nullptr || buf == nullptr || ggml_backend_buffer_is_host(buf)) {
+        return false;
+    }
+    ggml_backend_dev_t dev = device_of(t);
+    return dev != nullptr && ggml_backend_dev_backend_reg(dev) == rpc;
+}
+
+// Waits until the device holding t has done everything sent to it so far, by reading up to 4
+// bytes of t through the backend (a server answers in order).
+static void fence(const ggml_tensor * t) {
+    size_t n = std::min<size_t>(ggml_nbytes(t), 4);
+    if (n == 0 || buffer_of(t) == nullptr) {
+        return;
+    }
+    uint8_t out[4];
+    ggml_backend_tensor_get(t, out, 0, n);
 }
 
 struct Observer {
@@ -397,6 +436,7 @@ struct Observer {
     std::string captured;  // the nodes as JSON objects, comma-separated
     uint64_t t_ask = 0;
     uint64_t last_end = 0;
+    ggml_backend_dev_t last_device = nullptr;
 
     void reset(Observe m) {
         mode = m;
@@ -408,6 +448,7 @@ struct Observer {
         captured.clear();
         t_ask = 0;
         last_end = 0;
+        last_device = nullptr;
     }
 
     void tensor(std::string & out, const ggml_tensor * t) const {
@@ -507,11 +548,24 @@ struct Observer {
             case Observe::Timed:
                 if (ask) {
                     nodes_seen++;
+                    // the first node of a split on an RPC device: its inputs were sent without
+                    // an answer; wait for them to land, so that the copy is the gap before the
+                    // node and not inside it
+                    ggml_backend_dev_t dev = device_of(t);
+                    if (dev != last_device && on_rpc_device(t)) {
+                        fence(t);
+                    }
+                    last_device = dev;
                     uint64_t now = now_ns();
                     gap_ns.push_back(last_end ? now - last_end : 0);
                     t_ask = now;
                     return true;
                 } else {
+                    // the scheduler synchronised the node's backend before this call; an RPC
+                    // device's synchronisation does not wait for the computation
+                    if (on_rpc_device(t)) {
+                        fence(t);
+                    }
                     uint64_t now = now_ns();
                     timed_ns.push_back(t_ask ? now - t_ask : 0);
                     t_ask = 0;
@@ -632,6 +686,8 @@ static uint64_t hash_row(const float * v, size_t n) {
 // ---------------------------------------------------------------------------------------------
 // Requests.
 
+static void devices_json(std::string & out, const std::vector<ggml_backend_dev_t> & more = {});
+
 static std::string hello() {
     std::string out = "{\"protocol\":\"opledger-llama-worker\",\"version\":";
     out += std::to_string(PROTOCOL_VERSION);
@@ -660,9 +716,52 @@ static std::string hello() {
         out += k ? "," : "";
         json_str(out, ggml_backend_reg_name(ggml_backend_reg_get(k)));
     }
-    out += "],\"devices\":[";
+    out += "],\"devices\":";
+    devices_json(out);
+    // the environment the backends read their runtime switches from (GGML_CUDA_DISABLE_GRAPHS,
+    // CUDA_VISIBLE_DEVICES, ...), sorted by name
+    out += ",\"env\":{";
+    std::map<std::string, std::string> env;
+#if !defined(_WIN32)
+    for (char ** e = environ; e != nullptr && *e != nullptr; e++) {
+        std::string kv(*e);
+        size_t eq = kv.find('=');
+        if (eq == std::string::npos) {
+            continue;
+        }
+        std::string name = kv.substr(0, eq);
+        if (name.rfind("GGML_", 0) == 0 || name.rfind("CUDA_", 0) == 0 || name.rfind("LLAMA_", 0) == 0) {
+            env[name] = kv.substr(eq + 1);
+        }
+    }
+#endif
+    bool first = true;
+    for (const auto & kv : env) {
+        out += first ? "" : ",";
+        first = false;
+        json_str(out, kv.first);
+        out += ":";
+        json_str(out, kv.second);
+    }
+    out += "}}}";
+    return out;
+}
+
+// ggml's registered devices and `more` (RPC servers' devices, which ggml does not register),
+// as the hello and `load` list them.
+static void devices_json(std::string & out, const std::vector<ggml_backend_dev_t> & more) {
+    std::vector<ggml_backend_dev_t> all;
     for (size_t k = 0; k < ggml_backend_dev_count(); k++) {
-        ggml_backend_dev_t d = ggml_backend_dev_get(k);
+        all.push_back(ggml_backend_dev_get(k));
+    }
+    for (ggml_backend_dev_t d : more) {
+        if (d != nullptr) {
+            all.push_back(d);
+        }
+    }
+    out += "[";
+    for (size_t k = 0; k < all.size(); k++) {
+        ggml_backend_dev_t d = all[k];
         size_t free_b = 0, total_b = 0;
         ggml_backend_dev_memory(d, &free_b, &total_b);
         const char * kind = "cpu";
@@ -684,8 +783,7 @@ static std::string hello() {
         json_u64(out, free_b);
         out += "}";
     }
-    out += "]}}";
-    return out;
+    out += "]";
 }
 
 static void op_load(Worker & w, const Json & req, std::string & out) {
@@ -701,6 +799,52 @@ static void op_load(Worker & w, const Json & req, std::string & out) {
     p.n_gpu_layers = (int32_t) int_field(req, "gpu_layers");
     if (bool_field(req, "no_repack", false)) {
         p.use_extra_bufts = false;
+    }
+    // RPC servers: the first device of each, in order, and the layer proportions per device
+    // (llama.cpp's tensor_split, llama_max_devices() values); opledger computes both
+    std::vector<ggml_backend_dev_t> devices;
+    std::vector<float> split;
+    const Json * rpc = req.get("rpc");
+    if (rpc != nullptr && rpc->kind != Json::Null) {
+        if (rpc->kind != Json::Arr || rpc->arr.empty()) {
+            throw std::runtime_error("field 'rpc' is not a list of servers");
+        }
+        ggml_backend_reg_t reg = ggml_backend_reg_by_name("RPC");
+        if (reg == nullptr) {
+            throw std::runtime_error("this llama.cpp was built without its RPC backend (configure it with -DGGML_RPC=ON)");
+        }
+        typedef ggml_backend_reg_t (*add_server_fn)(const char *);
+        add_server_fn add = (add_server_fn) ggml_backend_reg_get_proc_address(reg, "ggml_backend_rpc_add_server");
+        if (add == nullptr) {
+            throw std::runtime_error("ggml's RPC backend does not export ggml_backend_rpc_add_server");
+        }
+        for (const Json & e : rpc->arr) {
+            if (e.kind != Json::Str) {
+                throw std::runtime_error("field 'rpc' holds a non-string");
+            }
+            ggml_backend_reg_t server = add(e.str.c_str());
+            ggml_backend_dev_t dev = server ? ggml_backend_reg_dev_get(server, 0) : nullptr;
+            if (dev == nullptr) {
+                throw std::runtime_error("ggml could not add the RPC server " + e.str + " (" + log_tail(2) + ")");
+            }
+            devices.push_back(dev);
+        }
+        devices.push_back(nullptr);
+        const Json & ts = field(req, "tensor_split", Json::Arr);
+        if (ts.arr.size() > llama_max_devices()) {
+            throw std::runtime_error("field 'tensor_split' has more values than this llama.cpp's " +
+                                     std::to_string(llama_max_devices()) + " devices");
+        }
+        split.assign(llama_max_devices(), 0.0f);
+        for (size_t k = 0; k < ts.arr.size(); k++) {
+            if (ts.arr[k].kind != Json::Num) {
+                throw std::runtime_error("field 'tensor_split' holds a non-number");
+            }
+            split[k] = (float) ts.arr[k].num;
+        }
+        p.devices = devices.data();
+        p.split_mode = LLAMA_SPLIT_MODE_LAYER;
+        p.tensor_split = split.data();
     }
     uint64_t t0 = now_ns();
     w.model = llama_model_load_from_file(path.c_str(), p);
@@ -726,6 +870,8 @@ static void op_load(Worker & w, const Json & req, std::string & out) {
     snprintf(ms, sizeof ms, "%.3f", load_ms);
     out += ",\"load_ms\":";
     out += ms;
+    out += ",\"devices\":";
+    devices_json(out, devices);
 }
 
 static void make_ctx(Worker & w, Ctx & c, const Json & req, bool instrumented) {
@@ -801,7 +947,7 @@ static Observe observe_of(const std::string & s) {
 // synchronisation is added to wall_ns. Returns llama_decode's code.
 static int decode_batch(Ctx & c, const std::vector<int32_t> & tokens, const std::vector<int32_t> & pos,
                         const std::vector<int32_t> & seq, const std::vector<int8_t> & logits,
-                        uint64_t & wall_ns) {
+                        uint64_t & wall_ns, uint64_t & end_ns) {
     int n = (int) tokens.size();
     llama_batch b = llama_batch_init(n, 0, 1);
     for (int k = 0; k < n; k++) {
@@ -815,7 +961,8 @@ static int decode_batch(Ctx & c, const std::vector<int32_t> & tokens, const std:
     uint64_t t0 = now_ns();
     int code = llama_decode(c.ctx, b);
     llama_synchronize(c.ctx);
-    wall_ns += now_ns() - t0;
+    end_ns = now_ns();
+    wall_ns += end_ns - t0;
     llama_batch_free(b);
     return code;
 }
@@ -846,6 +993,7 @@ static void op_decode(Worker & w, const Json & req, std::string & out, bool step
     }
     *c.abort_flag = abort_first;
     uint64_t wall_ns = 0;
+    uint64_t end_ns = 0;
     int code = 0;
     int rows = 0;
     if (step) {
@@ -856,7 +1004,7 @@ static void op_decode(Worker & w, const Json & req, std::string & out, bool step
         for (size_t k = 0; k < tokens.size(); k++) {
             s[k] = (int32_t) (first_seq + (int64_t) k);
         }
-        code = decode_batch(c, tokens, p, s, l, wall_ns);
+        code = decode_batch(c, tokens, p, s, l, wall_ns, end_ns);
         rows = (int) tokens.size();
     } else {
         int64_t pos0 = int_field(req, "pos0");
@@ -872,7 +1020,7 @@ static void op_decode(Worker & w, const Json & req, std::string & out, bool step
                 p[k] = (int32_t) (pos0 + (int64_t) (start + k));
                 l[k] = !none && (all || (last_part && k + 1 == n));
             }
-            code = decode_batch(c, t, p, s, l, wall_ns);
+            code = decode_batch(c, t, p, s, l, wall_ns, end_ns);
             rows = none ? 0 : all ? (int) n : 1;
         }
     }
@@ -921,7 +1069,9 @@ static void op_decode(Worker & w, const Json & req, std::string & out, bool step
                 out += k ? "," : "";
                 json_u64(out, o.gap_ns[k]);
             }
-            out += "]";
+            // from the last node's end to the end of the decode (outputs read back)
+            out += "],\"tail_ns\":";
+            json_u64(out, o.last_end && end_ns > o.last_end ? end_ns - o.last_end : 0);
         }
         if (o.mode != Observe::Count) {
             out += ",\"ops\":[";

@@ -184,7 +184,8 @@ pub fn manifest(
             ..settings.clone()
         };
         if let Some(w) = s.worker() {
-            let (hello, hash) = opledger_worker::identify(&w.path, w.timeout)?;
+            let env = crate::engines::knob_env(&s.knobs);
+            let (hello, hash) = opledger_worker::identify(&w.path, w.timeout, &env)?;
             recorded.insert(format!("{side}.worker"), w.path.display().to_string());
             recorded.insert(format!("{side}.worker_blake3"), hash);
             recorded.insert(format!("{side}.llama"), hello.build_label());
@@ -192,6 +193,10 @@ pub fn manifest(
                 format!("{side}.build_options"),
                 hello.llama.build_options.clone(),
             );
+            // the devices, the environment the side's worker saw and its backend switches
+            for (k, v) in opledger_worker::engine::recorded_settings(&hello, &hello.llama.devices) {
+                recorded.insert(format!("{side}.{k}"), v);
+            }
         }
     }
     crate::manifest::manifest(

@@ -231,10 +231,12 @@ pub fn open_engine(
     // --llama-worker applies to the llama.cpp engine of a command (a ledger's candle side
     // runs as it always does); a worker= knob on another engine was refused above
     if let Some(w) = settings.worker().filter(|_| kind == EngineKind::LlamaCpp) {
-        if settings.rpc.is_some() {
-            bail!("--rpc through a llama.cpp worker is not supported yet: the split runs in the llama.cpp linked into opledger");
-        }
         return open_worker(model, settings, &w);
+    }
+    if let Some(k) = settings.knobs.0.keys().find(|k| k.starts_with(ENV_KNOB)) {
+        bail!(
+            "knob {k}: an environment variable is set in a llama.cpp worker's process (`worker=PATH` on that side or --llama-worker); the embedded llama.cpp shares opledger's process"
+        );
     }
     match kind {
         EngineKind::LlamaCpp => open_llama(model, settings),
@@ -332,8 +334,23 @@ pub fn load_llama(model: &ModelFile, s: &EngineSettings) -> Result<opledger_llam
     Ok(engine)
 }
 
+/// The prefix of a knob that sets an environment variable in a worker's process
+/// (`env:GGML_CUDA_DISABLE_GRAPHS=1`).
+pub const ENV_KNOB: &str = opledger_core::ab::ENV_KNOB_PREFIX;
+
+/// The environment variables a side's `env:NAME=VALUE` knobs set.
+pub fn knob_env(knobs: &Knobs) -> std::collections::BTreeMap<String, String> {
+    knobs
+        .0
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(ENV_KNOB)?.to_string(), v.clone())))
+        .collect()
+}
+
 /// llama.cpp in a worker process built in the user's own llama.cpp tree, with the same
-/// settings and knobs as the embedded engine.
+/// settings and knobs as the embedded engine; `--rpc` splits the model over RPC servers from
+/// the worker (each server asked for its version and devices here first, where this build has
+/// llama.cpp's RPC client to ask with).
 fn open_worker(
     model: &ModelFile,
     s: &EngineSettings,
@@ -357,11 +374,50 @@ fn open_worker(
         type_v: knobs.get("type_v").map(str::to_string),
         timeout: w.timeout,
         verbose: s.verbose,
+        env: knob_env(knobs),
+        rpc: match &s.rpc {
+            Some(r) => {
+                let layers = r.layers_for(model.arch.layers.len() as u32)?;
+                let (gpu_layers, tensor_split) = opledger_core::split::layer_split(&layers)
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("--rpc-split: every device needs at least one layer")
+                    })?;
+                preflight(&r.servers, r.timeout)?;
+                Some(opledger_worker::WorkerRpc {
+                    servers: r.servers.clone(),
+                    layers,
+                    gpu_layers,
+                    tensor_split,
+                })
+            }
+            None => None,
+        },
     };
     // the worker's errors name it
     let engine = opledger_worker::WorkerEngine::load(cfg)
         .with_context(|| format!("loading model '{}'", model.path().display()))?;
+    if let Some(r) = &s.rpc {
+        // servers on this machine compute part of the measured graph, as the worker does
+        opledger_core::noise::count_as_own(&crate::rpc::local_server_pids(&r.servers));
+    }
     Ok(Box::new(engine))
+}
+
+/// Each RPC server asked for its protocol version and devices before the worker's ggml client
+/// connects (which aborts the worker on a refused connection or another version).
+#[cfg(feature = "llama")]
+fn preflight(servers: &[String], timeout: std::time::Duration) -> Result<()> {
+    for s in servers {
+        opledger_llama::rpc::preflight(s, timeout)?;
+    }
+    Ok(())
+}
+
+/// Without llama.cpp linked, the worker's own client meets the servers first (a refused
+/// connection ends the worker, and the run names it).
+#[cfg(not(feature = "llama"))]
+fn preflight(_servers: &[String], _timeout: std::time::Duration) -> Result<()> {
+    Ok(())
 }
 
 #[cfg(feature = "candle")]

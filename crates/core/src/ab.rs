@@ -36,10 +36,14 @@ pub const KNOWN_KNOBS: [(&str, &str); 7] = [
     ),
 ];
 
+/// The prefix of a knob that sets an environment variable in a llama.cpp worker's process:
+/// `env:GGML_CUDA_DISABLE_GRAPHS=1` (name and value kept as written).
+pub const ENV_KNOB_PREFIX: &str = "env:";
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KnobError {
     #[error(
-        "unknown knob '{0}' (known: threads, flash_attn, ubatch, type_k, type_v, repack, worker)"
+        "unknown knob '{0}' (known: threads, flash_attn, ubatch, type_k, type_v, repack, worker, env:NAME)"
     )]
     Unknown(String),
     #[error("knob {key}={value}: expected {expected}")]
@@ -53,6 +57,17 @@ pub enum KnobError {
 }
 
 fn check_value(key: &str, value: &str) -> Result<(), KnobError> {
+    if let Some(name) = key.strip_prefix(ENV_KNOB_PREFIX) {
+        let named = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !named {
+            return Err(KnobError::BadValue {
+                key: key.into(),
+                value: value.into(),
+                expected: "an environment variable's name after env: (letters, digits, _)".into(),
+            });
+        }
+        return Ok(());
+    }
     let ok = match key {
         "threads" | "ubatch" => value.parse::<u32>().is_ok_and(|v| v > 0),
         "flash_attn" => matches!(value, "on" | "off" | "auto"),
@@ -90,7 +105,16 @@ impl FromStr for Knobs {
             let (k, v) = part
                 .split_once('=')
                 .ok_or_else(|| KnobError::Syntax(part.to_string()))?;
-            let (k, v) = (k.trim().to_lowercase(), v.trim().to_lowercase());
+            // an environment variable's name and value are kept as written
+            let (k, v) = match k.trim() {
+                e if e.to_lowercase().starts_with(ENV_KNOB_PREFIX) => (
+                    format!("{ENV_KNOB_PREFIX}{}", &e[ENV_KNOB_PREFIX.len()..]),
+                    v.trim().to_string(),
+                ),
+                // a worker's path too (a file system's names have case)
+                k if k.eq_ignore_ascii_case("worker") => ("worker".into(), v.trim().to_string()),
+                k => (k.to_lowercase(), v.trim().to_lowercase()),
+            };
             check_value(&k, &v)?;
             map.insert(k, v);
         }
@@ -854,6 +878,35 @@ impl Knobs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_env_knob_keeps_its_name_and_value_as_written() {
+        let k: Knobs = "threads=2,ENV:GGML_CUDA_DISABLE_GRAPHS=1,env:CUDA_VISIBLE_DEVICES=Gpu-0"
+            .parse()
+            .unwrap();
+        assert_eq!(k.get("env:GGML_CUDA_DISABLE_GRAPHS"), Some("1"));
+        assert_eq!(k.get("env:CUDA_VISIBLE_DEVICES"), Some("Gpu-0"));
+        assert_eq!(k.get("threads"), Some("2"));
+        assert_eq!(
+            k.to_string(),
+            "env:CUDA_VISIBLE_DEVICES=Gpu-0,env:GGML_CUDA_DISABLE_GRAPHS=1,threads=2"
+        );
+        // a name a shell could not set is refused
+        for bad in ["env:=1", "env:A-B=1", "env:A B=1"] {
+            assert!(bad.parse::<Knobs>().is_err(), "{bad}");
+        }
+        // a worker's path keeps its case too
+        let k: Knobs = "Worker=/tmp/gpu-check.AbC/opledger-llama-worker"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            k.get("worker"),
+            Some("/tmp/gpu-check.AbC/opledger-llama-worker")
+        );
+        // a value may be empty (the variable set to nothing)
+        let k: Knobs = "env:GGML_CUDA_DISABLE_GRAPHS=".parse().unwrap();
+        assert_eq!(k.get("env:GGML_CUDA_DISABLE_GRAPHS"), Some(""));
+    }
 
     #[test]
     fn the_share_of_the_gain_by_hand() {

@@ -27,6 +27,25 @@ pub fn is_remote(device: &str) -> bool {
     device.starts_with("RPC")
 }
 
+/// llama.cpp's `n_gpu_layers` and `tensor_split` for a model split layer by layer over this
+/// machine and remote devices: `layers` are the repeating layers per device, this machine's
+/// first, then each remote device's. Of llama.cpp's `n_layer + 1` slots (the repeating layers,
+/// then the output), the last `n_gpu_layers` go to the devices, slot k to the first device whose
+/// cumulative share exceeds k / n_gpu_layers; so the remote slots are the remote layers plus the
+/// output, and integer proportions place exactly `layers[1 + d]` layers on device d (the output
+/// with the last). `None` when a device has no layer or there is no remote device.
+pub fn layer_split(layers: &[u32]) -> Option<(i32, Vec<f32>)> {
+    if layers.len() < 2 || layers.contains(&0) {
+        return None;
+    }
+    let remote: u64 = layers[1..].iter().map(|&l| l as u64).sum();
+    let mut split: Vec<f32> = layers[1..].iter().map(|&l| l as f32).collect();
+    if let Some(last) = split.last_mut() {
+        *last += 1.0;
+    }
+    Some((i32::try_from(remote + 1).ok()?, split))
+}
+
 /// What a position of the graph with transfers holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Slot {
@@ -222,6 +241,95 @@ pub fn slot_times(slots: &[Slot], node_us: &[f64], gap_us: &[f64], tail_us: f64)
             Slot::Output => tail_us,
         })
         .collect()
+}
+
+/// What isolating each node costs on its own device, for a graph over several devices whose
+/// engine has no calibration of its own (a llama.cpp worker): the median TIMED time of the
+/// nodes that do no work on that device (views: each one the backend's dispatch of nothing and
+/// its synchronisation, the launch-and-wait a TIMED node pays there; on an RPC device one graph
+/// sent and one round trip), as the embedded engine measures remote devices. A transfer into a
+/// remote device pays half of it (its first node's read of the inputs: the answer's way back,
+/// which the FUSED run does not wait for); a transfer into any other device, and the outputs
+/// read back, nothing (the scheduler's copies there are synchronous in FUSED runs too).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceIsolation {
+    /// The devices, in graph order.
+    pub names: Vec<String>,
+    /// Per node: its device's index and the share of that device's cost it pays.
+    node: Vec<Option<(usize, f64)>>,
+    /// Per device: its nodes that do no work.
+    idle: Vec<Vec<usize>>,
+}
+
+impl DeviceIsolation {
+    /// Each device's median idle-node time in one TIMED run (`fallback` for a device without
+    /// idle nodes).
+    pub fn idle_medians(&self, node_us: &[f64], fallback: f64) -> Vec<f64> {
+        self.idle
+            .iter()
+            .map(|nodes| {
+                let v: Vec<f64> = nodes
+                    .iter()
+                    .filter_map(|&i| node_us.get(i).copied())
+                    .collect();
+                crate::stats::median(&v).unwrap_or(fallback)
+            })
+            .collect()
+    }
+
+    /// Each node's isolation from its device's cost (`per_device`, as [`Self::idle_medians`]).
+    pub fn each_node(&self, per_device: &[f64]) -> Vec<f64> {
+        self.node
+            .iter()
+            .map(|n| {
+                n.map_or(0.0, |(d, share)| {
+                    per_device.get(d).copied().unwrap_or(0.0) * share
+                })
+            })
+            .collect()
+    }
+}
+
+/// The devices a graph's isolation is measured on (see [`DeviceIsolation`]); `None` for a graph
+/// on fewer than two devices.
+pub fn isolation_devices(graph: &[NodeInfo]) -> Option<DeviceIsolation> {
+    // each node's device (a node without one: the node before it), transfers aside
+    let mut names: Vec<String> = Vec::new();
+    let mut cur: Option<usize> = None;
+    let mut of: Vec<Option<usize>> = Vec::with_capacity(graph.len());
+    for n in graph {
+        if n.op == TRANSFER_OP {
+            of.push(None);
+            continue;
+        }
+        if let Some(d) = &n.device {
+            cur = Some(names.iter().position(|x| x == d).unwrap_or_else(|| {
+                names.push(d.clone());
+                names.len() - 1
+            }));
+        }
+        of.push(cur);
+    }
+    if names.len() < 2 {
+        return None;
+    }
+    let mut idle = vec![Vec::new(); names.len()];
+    let mut node = Vec::with_capacity(graph.len());
+    for (i, n) in graph.iter().enumerate() {
+        if n.op == TRANSFER_OP {
+            // the device of the node it feeds
+            let into = (i + 1..graph.len()).find_map(|j| of[j]);
+            node.push(into.filter(|&d| is_remote(&names[d])).map(|d| (d, 0.5)));
+            continue;
+        }
+        if let Some(d) = of[i] {
+            if !n.is_working() {
+                idle[d].push(i);
+            }
+        }
+        node.push(of[i].map(|d| (d, 1.0)));
+    }
+    Some(DeviceIsolation { names, node, idle })
 }
 
 /// One contiguous run of nodes on one device: the census of splits.
@@ -476,6 +584,64 @@ mod tests {
             9.0,
         );
         assert_eq!(times, [1.0, 2.0, 7.0, 3.0, 4.0, 5.0, 9.0]);
+    }
+
+    #[test]
+    fn each_device_pays_its_own_idle_nodes_and_a_transfer_into_a_server_half() {
+        let r0 = "RPC0[127.0.0.1:5]";
+        let view = |i: u32, name: &str, device: &str| NodeInfo {
+            is_view: true,
+            op: "VIEW".into(),
+            ..node(i, name, device, vec![])
+        };
+        let mut g = vec![
+            node(0, "a-0", "CPU", vec![]),
+            view(1, "v-0", "CPU"),
+            view(2, "w-0", "CPU"),
+            node(3, "b-1", "CUDA0", vec![]),
+            view(4, "x-1", "CUDA0"),
+            node(5, "c-2", r0, vec![]),
+            view(6, "y-2", r0),
+        ];
+        // a node whose buffer named no device runs where the node before it ran
+        g[4].device = None;
+        let (g, _) = with_transfers(g);
+        // CPU a v w | T(CPU->CUDA0) | CUDA0 b x | T(CUDA0->RPC0) | RPC0 c y | outputs
+        let ops: Vec<&str> = g.iter().map(|n| n.op.as_str()).collect();
+        assert_eq!(
+            ops,
+            [
+                "ADD",
+                "VIEW",
+                "VIEW",
+                TRANSFER_OP,
+                "ADD",
+                "VIEW",
+                TRANSFER_OP,
+                "ADD",
+                "VIEW",
+                TRANSFER_OP
+            ]
+        );
+        let d = isolation_devices(&g).unwrap();
+        assert_eq!(d.names, ["CPU", "CUDA0", r0]);
+        let us = [50.0, 2.0, 4.0, 30.0, 40.0, 9.0, 7.0, 300.0, 100.0, 11.0];
+        // CPU: median of 2 and 4; CUDA0: 9; RPC0: 100
+        let per = d.idle_medians(&us, -1.0);
+        assert_eq!(per, [3.0, 9.0, 100.0]);
+        assert_eq!(
+            d.each_node(&per),
+            [3.0, 3.0, 3.0, 0.0, 9.0, 9.0, 50.0, 100.0, 100.0, 0.0]
+        );
+        // a device without idle nodes takes the fallback
+        let mut lone = g.clone();
+        lone[5].is_view = false;
+        assert_eq!(
+            isolation_devices(&lone).unwrap().idle_medians(&us, -1.0),
+            [3.0, -1.0, 100.0]
+        );
+        // one device: nothing to tell apart
+        assert!(isolation_devices(&g[..3]).is_none());
     }
 
     #[test]

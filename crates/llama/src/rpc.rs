@@ -47,11 +47,8 @@ pub struct RpcSplit {
 }
 
 impl RpcSplit {
-    /// llama.cpp's `n_gpu_layers` and `tensor_split` for this split. Of llama.cpp's
-    /// `n_layer + 1` slots (the repeating layers, then the output), the last `n_gpu_layers` go to
-    /// the devices, slot k to the first device whose cumulative share exceeds k / n_gpu_layers.
-    /// So the remote slots are the remote layers plus the output, and integer proportions place
-    /// exactly `layers[1 + d]` layers on device d (the output with the last).
+    /// llama.cpp's `n_gpu_layers` and `tensor_split` for this split
+    /// (`opledger_core::split::layer_split`).
     pub fn llama_split(&self) -> Result<(i32, Vec<f32>), LlamaError> {
         if self.layers.len() != self.servers.len() + 1 {
             return Err(LlamaError::Invalid(format!(
@@ -60,17 +57,9 @@ impl RpcSplit {
                 self.servers.len()
             )));
         }
-        if self.layers[0] == 0 || self.layers[1..].contains(&0) {
-            return Err(LlamaError::Invalid(
-                "every device of the split needs at least one layer".into(),
-            ));
-        }
-        let remote: u32 = self.layers[1..].iter().sum();
-        let mut split: Vec<f32> = self.layers[1..].iter().map(|&l| l as f32).collect();
-        if let Some(last) = split.last_mut() {
-            *last += 1.0;
-        }
-        Ok(((remote + 1) as i32, split))
+        opledger_core::split::layer_split(&self.layers).ok_or_else(|| {
+            LlamaError::Invalid("every device of the split needs at least one layer".into())
+        })
     }
 }
 

@@ -149,11 +149,21 @@ pub(crate) fn figures(s: &ProfileSummary) -> Vec<String> {
         ),
         if s.isolation_us_per_step.is_finite() {
             format!(
-                "isolation cost {:.1} µs a node a step (from the {}; {} idle nodes say {:.1}); agreement after removing it {}{}",
+                "isolation cost {:.1} µs a node a step (from the {}; {} idle nodes say {:.1}{}); agreement after removing it {}{}",
                 s.isolation_us_per_step,
                 s.isolation_source,
                 s.isolation_nodes,
                 s.isolation_idle_us / (s.node_steps.max(1) as f64),
+                if s.isolation_device_us.is_empty() {
+                    String::new()
+                } else {
+                    let each: Vec<String> = s
+                        .isolation_device_us
+                        .iter()
+                        .map(|(d, us)| format!("{d} {us:.1}"))
+                        .collect();
+                    format!("; removed per device: {} µs", each.join(", "))
+                },
                 percent(s.agreement_corrected),
                 if s.decode_tokens > 0 {
                     format!(

@@ -15,13 +15,14 @@ use opledger_core::engine::{
     SweepEngine, Work,
 };
 use opledger_core::node::NodeInfo;
+use opledger_core::split::Slot;
 use opledger_core::sweep::PassOrder;
 use opledger_core::tokens::{
     decode_step_tokens, filler_tokens, forked_step_tokens as sweep_step_tokens,
 };
 
 use crate::process::{WorkerError, WorkerProcess};
-use crate::protocol::{Contexts, Decoded, Done, Loaded, Logits, Saved};
+use crate::protocol::{Contexts, Decoded, Device, Done, Hello, Loaded, Logits, Saved};
 
 /// How to start a worker and load the model in it.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,12 +43,38 @@ pub struct WorkerConfig {
     pub timeout: Duration,
     /// Pass llama.cpp's log through to stderr.
     pub verbose: bool,
+    /// Set in the worker's environment (a side's `env:NAME=VALUE` knobs: a backend's runtime
+    /// switches such as `GGML_CUDA_DISABLE_GRAPHS`).
+    pub env: BTreeMap<String, String>,
+    /// Split the model across this machine's devices and remote RPC servers.
+    pub rpc: Option<WorkerRpc>,
 }
 
-/// What the engine keeps of a captured graph: its ops, which a TIMED run must follow.
+/// A model split over RPC servers, in llama.cpp's terms (`opledger_core::split::layer_split`):
+/// the servers in the order their devices take layers, `gpu_layers` and `tensor_split`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerRpc {
+    pub servers: Vec<String>,
+    /// Layers per device, this machine's first (what the manifest records).
+    pub layers: Vec<u32>,
+    pub gpu_layers: i32,
+    pub tensor_split: Vec<f32>,
+}
+
+/// What the engine keeps of a captured graph: its ops, which a TIMED run must follow, and what
+/// each position of the reported graph holds (the observed nodes, and where the graph spans
+/// several devices the transfers between them: `opledger_core::split`).
 #[derive(Debug, Clone)]
 struct Captured {
     ops: Vec<u32>,
+    slots: Vec<Slot>,
+}
+
+impl Captured {
+    /// The reported graph has transfer nodes (it spans several devices).
+    fn split(&self) -> bool {
+        self.slots.len() != self.ops.len()
+    }
 }
 
 /// llama.cpp in a worker process, as an [`Engine`].
@@ -108,19 +135,22 @@ impl WorkerEngine {
                 worker: cfg.worker.clone(),
                 why: e.to_string(),
             })?;
-        let mut proc = WorkerProcess::start(&cfg.worker, cfg.timeout, cfg.verbose)?;
+        let mut proc = WorkerProcess::start(&cfg.worker, cfg.timeout, cfg.verbose, &cfg.env)?;
         // the worker computes the measured graph: the noise gate counts its CPU time as the
         // run's own, not another process's
         opledger_core::noise::count_as_own(&[proc.pid()]);
-        let loaded: Loaded = proc.request(
-            "load",
-            fields(json!({
-                "model": cfg.model.to_string_lossy(),
-                "threads": cfg.threads,
-                "gpu_layers": cfg.gpu_layers,
-                "no_repack": cfg.no_repack,
-            })),
-        )?;
+        let mut load = json!({
+            "model": cfg.model.to_string_lossy(),
+            "threads": cfg.threads,
+            "gpu_layers": cfg.gpu_layers,
+            "no_repack": cfg.no_repack,
+        });
+        if let Some(r) = &cfg.rpc {
+            load["gpu_layers"] = r.gpu_layers.into();
+            load["rpc"] = json!(r.servers);
+            load["tensor_split"] = json!(r.tensor_split);
+        }
+        let loaded: Loaded = proc.request("load", fields(load))?;
         Ok(WorkerEngine {
             proc,
             cfg,
@@ -321,6 +351,26 @@ impl WorkerEngine {
                 }
             }
             node_us = ns.iter().map(|&n| n as f64 / 1e3).collect();
+            if let Some(g) = graph.filter(|g| g.split()) {
+                // a graph over several devices: each transfer is the gap before the node it
+                // feeds, the outputs read back the tail after the last node
+                let gap_us: Vec<f64> = d
+                    .gap_ns
+                    .as_deref()
+                    .unwrap_or(&[])
+                    .iter()
+                    .map(|&n| n as f64 / 1e3)
+                    .collect();
+                if gap_us.len() != node_us.len() {
+                    return Err(EngineError::GraphChanged(format!(
+                        "TIMED mode timed {} nodes but {} gaps between them",
+                        node_us.len(),
+                        gap_us.len()
+                    )));
+                }
+                let tail_us = d.tail_ns.unwrap_or(0) as f64 / 1e3;
+                node_us = opledger_core::split::slot_times(&g.slots, &node_us, &gap_us, tail_us);
+            }
         }
         Ok(ChunkTiming {
             wall_ms,
@@ -451,14 +501,25 @@ impl WorkerEngine {
                 self.cfg.worker.display()
             ))
         })?;
-        let nodes = crate::protocol::node_infos(wire, false).map_err(|why| {
+        let nodes = crate::protocol::node_infos(wire, Some(self.devices())).map_err(|why| {
             EngineError::Worker(format!(
                 "the llama.cpp worker {}: {why}",
                 self.cfg.worker.display()
             ))
         })?;
         let ops = nodes.iter().map(|n| n.op_code.unwrap_or(0)).collect();
-        Ok((nodes, Captured { ops }))
+        // a graph over several devices: the copies between them as transfer nodes
+        let (nodes, slots) = opledger_core::split::with_transfers(nodes);
+        Ok((nodes, Captured { ops, slots }))
+    }
+
+    /// ggml's devices as the load left them (the hello's for a worker that lists none there).
+    fn devices(&self) -> &[Device] {
+        if self.loaded.devices.is_empty() {
+            self.proc.hello().llama.devices.as_slice()
+        } else {
+            self.loaded.devices.as_slice()
+        }
     }
 }
 
@@ -493,22 +554,17 @@ impl Engine for WorkerEngine {
         settings.insert("ggml_commit".into(), l.ggml_commit.clone());
         settings.insert("compiler".into(), l.compiler.clone());
         settings.insert("build_options".into(), l.build_options.clone());
-        settings.insert("backends".into(), l.backends.join(","));
-        let devices: Vec<String> = l
-            .devices
+        settings.extend(recorded_settings(h, self.devices()));
+        if let Some(r) = &self.cfg.rpc {
+            settings.insert("rpc".into(), r.servers.join(","));
+            let split: Vec<String> = r.layers.iter().map(|l| l.to_string()).collect();
+            settings.insert("rpc_split".into(), split.join(","));
+        }
+        // the backend of the offloaded layers: the first GPU that is not a remote server's
+        let gpu = self
+            .devices()
             .iter()
-            .map(|d| {
-                format!(
-                    "{} ({}, {}, {:.1} GiB)",
-                    d.name,
-                    d.description,
-                    d.kind,
-                    d.memory_total as f64 / (1u64 << 30) as f64
-                )
-            })
-            .collect();
-        settings.insert("devices".into(), devices.join("; "));
-        let gpu = l.devices.iter().find(|d| d.kind == "gpu");
+            .find(|d| d.kind == "gpu" && !opledger_core::split::is_remote(&d.name));
         EngineInfo {
             engine: "llama.cpp".into(),
             version: format!("worker: {}", h.build_label()),
@@ -802,7 +858,11 @@ impl GraphCapturer for WorkerEngine {
         )?;
         let (mut nodes, _) = self.capture(&d)?;
         let mut computed = if d.aborted { 1 } else { nodes.len() as u32 };
-        if nodes.last().is_none_or(|n| n.name != "result_output") {
+        let last = nodes
+            .iter()
+            .rev()
+            .find(|n| n.op != opledger_core::split::TRANSFER_OP);
+        if last.is_none_or(|n| n.name != "result_output") {
             if work.depth_tokens > 0 {
                 let _: Done = self.req("restore", json!({"ctx": "observed", "scope": "seq0"}))?;
             } else {
@@ -828,6 +888,57 @@ impl GraphCapturer for WorkerEngine {
     }
 }
 
+/// What a manifest records of a worker's devices and backend settings, from its hello and the
+/// devices its load left (`devices`): every device with its description, kind and memory; the
+/// registered backends; the worker's `GGML_*` / `CUDA_*` / `LLAMA_*` environment; with a CUDA
+/// backend, whether CUDA graphs are on (ggml's `GGML_CUDA_DISABLE_GRAPHS` switches them off,
+/// set to anything; `GGML_CUDA_GRAPHS=OFF` compiles them out) and the NVIDIA driver of this
+/// machine (`/proc/driver/nvidia/version`).
+pub fn recorded_settings(h: &Hello, devices: &[Device]) -> BTreeMap<String, String> {
+    let l = &h.llama;
+    let mut settings = BTreeMap::new();
+    settings.insert("backends".into(), l.backends.join(","));
+    let list: Vec<String> = devices
+        .iter()
+        .map(|d| {
+            format!(
+                "{} ({}, {}, {:.1} GiB, {:.1} GiB free)",
+                d.name,
+                d.description,
+                d.kind,
+                d.memory_total as f64 / (1u64 << 30) as f64,
+                d.memory_free as f64 / (1u64 << 30) as f64
+            )
+        })
+        .collect();
+    settings.insert("devices".into(), list.join("; "));
+    let env: Vec<String> = l.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    settings.insert(
+        "worker_env".into(),
+        if env.is_empty() {
+            "none".into()
+        } else {
+            env.join(" ")
+        },
+    );
+    if l.backends.iter().any(|b| b == "CUDA") {
+        let graphs = if l.env.contains_key("GGML_CUDA_DISABLE_GRAPHS") {
+            "off (GGML_CUDA_DISABLE_GRAPHS is set)"
+        } else if l.build_options.contains("GGML_CUDA_GRAPHS=OFF") {
+            "off (built with GGML_CUDA_GRAPHS=OFF)"
+        } else {
+            "on"
+        };
+        settings.insert("cuda_graphs".into(), graphs.into());
+        let driver = std::fs::read_to_string("/proc/driver/nvidia/version")
+            .ok()
+            .and_then(|t| t.lines().next().map(|l| l.trim().to_string()))
+            .unwrap_or_else(|| "unknown (no /proc/driver/nvidia/version)".into());
+        settings.insert("driver".into(), driver);
+    }
+    settings
+}
+
 /// A prefill chunk's hash from its rows' (as the embedded engine's): every token's row folded
 /// in, or the last token's alone.
 fn chunk_hash(d: &Decoded, all_logits: bool) -> u64 {
@@ -835,5 +946,92 @@ fn chunk_hash(d: &Decoded, all_logits: bool) -> u64 {
         d.row_hashes.iter().fold(0u64, |h, r| h.rotate_left(5) ^ r)
     } else {
         d.row_hashes.first().copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::LlamaBuild;
+
+    fn hello(backends: &[&str], build_options: &str, env: &[(&str, &str)]) -> Hello {
+        Hello {
+            protocol: crate::protocol::PROTOCOL_NAME.into(),
+            version: crate::protocol::PROTOCOL_VERSION as u64,
+            llama: LlamaBuild {
+                backends: backends.iter().map(|b| b.to_string()).collect(),
+                build_options: build_options.into(),
+                env: env
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..LlamaBuild::default()
+            },
+        }
+    }
+
+    #[test]
+    fn the_manifest_says_whether_cuda_graphs_ran_and_what_the_worker_saw() {
+        let gpu = Device {
+            name: "CUDA0".into(),
+            description: "NVIDIA H200".into(),
+            kind: "gpu".into(),
+            memory_total: 3 << 30,
+            memory_free: 1 << 30,
+        };
+        let on = recorded_settings(
+            &hello(&["CUDA", "CPU"], "GGML_CUDA=ON GGML_CUDA_GRAPHS=ON", &[]),
+            std::slice::from_ref(&gpu),
+        );
+        assert_eq!(on["cuda_graphs"], "on");
+        assert_eq!(on["worker_env"], "none");
+        assert_eq!(
+            on["devices"],
+            "CUDA0 (NVIDIA H200, gpu, 3.0 GiB, 1.0 GiB free)"
+        );
+        assert!(on.contains_key("driver"));
+        // ggml reads the variable's presence, whatever its value
+        let off = recorded_settings(
+            &hello(
+                &["CUDA", "CPU"],
+                "GGML_CUDA=ON GGML_CUDA_GRAPHS=ON",
+                &[("GGML_CUDA_DISABLE_GRAPHS", "0")],
+            ),
+            &[gpu],
+        );
+        assert_eq!(off["cuda_graphs"], "off (GGML_CUDA_DISABLE_GRAPHS is set)");
+        assert_eq!(off["worker_env"], "GGML_CUDA_DISABLE_GRAPHS=0");
+        let built_without = recorded_settings(
+            &hello(&["CUDA", "CPU"], "GGML_CUDA=ON GGML_CUDA_GRAPHS=OFF", &[]),
+            &[],
+        );
+        assert_eq!(
+            built_without["cuda_graphs"],
+            "off (built with GGML_CUDA_GRAPHS=OFF)"
+        );
+        // no CUDA backend: nothing said of CUDA graphs or an NVIDIA driver
+        let cpu = recorded_settings(&hello(&["CPU", "RPC"], "", &[]), &[]);
+        assert!(!cpu.contains_key("cuda_graphs") && !cpu.contains_key("driver"));
+        assert_eq!(cpu["backends"], "CPU,RPC");
+    }
+
+    /// A device buffer is not host memory: the worker reads tensors through ggml's backend API
+    /// and logits through llama.cpp's, never through a tensor's data pointer.
+    #[test]
+    fn the_worker_never_reads_a_tensor_through_its_data_pointer() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tools/llama-worker/worker.cpp");
+        let src = std::fs::read_to_string(&path).unwrap();
+        let code: String = src
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            !code.contains("->data"),
+            "worker.cpp dereferences a tensor's data"
+        );
+        assert!(code.contains("ggml_backend_tensor_get("));
+        assert!(code.contains("llama_get_logits_ith("));
     }
 }

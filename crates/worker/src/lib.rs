@@ -14,6 +14,6 @@ pub mod engine;
 pub mod process;
 pub mod protocol;
 
-pub use engine::{WorkerConfig, WorkerEngine};
+pub use engine::{WorkerConfig, WorkerEngine, WorkerRpc};
 pub use process::{identify, WorkerError, WorkerProcess};
 pub use protocol::{Hello, PROTOCOL_VERSION};

@@ -1,7 +1,7 @@
 //! The worker process: started, greeted, asked one request at a time with a timeout, and always
 //! reaped. Every fault names the worker and what it did.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -67,11 +67,13 @@ const STDERR_LINES: usize = 12;
 
 impl WorkerProcess {
     /// Starts the worker at `path` and reads its hello (within `timeout`, as every request).
-    /// `verbose` passes llama.cpp's log through to this process's stderr.
+    /// `verbose` passes llama.cpp's log through to this process's stderr; `env` is set in the
+    /// worker's environment over this process's (a backend's runtime switches).
     pub fn start(
         path: &Path,
         timeout: Duration,
         verbose: bool,
+        env: &BTreeMap<String, String>,
     ) -> Result<WorkerProcess, WorkerError> {
         let start_err = |why: String| WorkerError::Start {
             worker: path.to_path_buf(),
@@ -90,6 +92,7 @@ impl WorkerProcess {
             }
         }
         let mut cmd = Command::new(path);
+        cmd.envs(env);
         if verbose {
             cmd.arg("--verbose");
         }
@@ -344,14 +347,18 @@ fn describe_status(s: std::process::ExitStatus) -> String {
     }
 }
 
-/// The worker's hello and the BLAKE3 of its binary, without loading anything: what a manifest
-/// records of a worker.
-pub fn identify(path: &Path, timeout: Duration) -> Result<(Hello, String), WorkerError> {
+/// The worker's hello (started with `env` set) and the BLAKE3 of its binary, without loading
+/// anything: what a manifest records of a worker.
+pub fn identify(
+    path: &Path,
+    timeout: Duration,
+    env: &BTreeMap<String, String>,
+) -> Result<(Hello, String), WorkerError> {
     let bytes = std::fs::read(path).map_err(|e| WorkerError::Start {
         worker: path.to_path_buf(),
         why: e.to_string(),
     })?;
     let hash = blake3::hash(&bytes).to_hex().to_string();
-    let p = WorkerProcess::start(path, timeout, false)?;
+    let p = WorkerProcess::start(path, timeout, false, env)?;
     Ok((p.hello().clone(), hash))
 }

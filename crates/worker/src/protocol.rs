@@ -1,4 +1,4 @@
-//! The worker's line protocol, version 1 (`tools/llama-worker/PROTOCOL.md`): the hello line, the
+//! The worker's line protocol, version 2 (`tools/llama-worker/PROTOCOL.md`): the hello line, the
 //! answers' shapes, and the node records of a capture. Pure: every function takes a line and
 //! returns a typed value or a [`ProtocolError`] that says what was wrong with it (an unknown
 //! field is an error, not a guess).
@@ -8,7 +8,7 @@ use serde::Deserialize;
 use opledger_core::node::{is_view_op, layer_of, NodeInfo, TensorDesc};
 
 /// The protocol version this opledger speaks.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The name a worker gives its protocol in its hello line.
 pub const PROTOCOL_NAME: &str = "opledger-llama-worker";
@@ -74,6 +74,10 @@ pub struct LlamaBuild {
     /// ggml's registered backends (`CPU`, `CUDA`, `RPC`, ...).
     pub backends: Vec<String>,
     pub devices: Vec<Device>,
+    /// The worker's environment variables named `GGML_*`, `CUDA_*` or `LLAMA_*` (the backends'
+    /// runtime switches: `GGML_CUDA_DISABLE_GRAPHS`, `CUDA_VISIBLE_DEVICES`, ...).
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 /// The worker's first line.
@@ -178,6 +182,9 @@ pub struct Loaded {
     pub n_layer: u32,
     pub description: String,
     pub load_ms: f64,
+    /// ggml's devices after the load (RPC servers' devices among them once added).
+    #[serde(default)]
+    pub devices: Vec<Device>,
 }
 
 /// The answer to `contexts`.
@@ -256,6 +263,9 @@ pub struct Decoded {
     pub node_ns: Option<Vec<u64>>,
     #[serde(default)]
     pub gap_ns: Option<Vec<u64>>,
+    /// `timed`: from the last node's end to the end of the decode (outputs read back), ns.
+    #[serde(default)]
+    pub tail_ns: Option<u64>,
     #[serde(default)]
     pub ops: Option<Vec<u32>>,
     #[serde(default)]
@@ -274,9 +284,21 @@ fn tensor_desc(t: &WireTensor) -> TensorDesc {
     }
 }
 
-/// The captured nodes in opledger's schema; `with_devices` keeps each node's device (a graph
-/// over several devices). A source's producer must be an earlier node.
-pub fn node_infos(nodes: &[WireNode], with_devices: bool) -> Result<Vec<NodeInfo>, String> {
+/// A node's device as opledger names it: an RPC device with its server (`RPC0[host:port]`, the
+/// device's description in ggml's list, as the embedded engine names it), any other as ggml
+/// does (`CPU`, `CUDA0`).
+pub fn device_label(name: &str, devices: &[Device]) -> String {
+    match devices.iter().find(|d| d.name == name) {
+        Some(d) if opledger_core::split::is_remote(name) && !d.description.is_empty() => {
+            format!("{name}[{}]", d.description)
+        }
+        _ => name.to_string(),
+    }
+}
+
+/// The captured nodes in opledger's schema; `devices` (ggml's list) names each node's device
+/// (`None`: no device kept). A source's producer must be an earlier node.
+pub fn node_infos(nodes: &[WireNode], devices: Option<&[Device]>) -> Result<Vec<NodeInfo>, String> {
     nodes
         .iter()
         .enumerate()
@@ -303,7 +325,7 @@ pub fn node_infos(nodes: &[WireNode], with_devices: bool) -> Result<Vec<NodeInfo
                 is_view,
                 name: n.out.name.clone(),
                 op: n.op.clone(),
-                device: if with_devices { n.device.clone() } else { None },
+                device: devices.and_then(|list| n.device.as_deref().map(|d| device_label(d, list))),
             })
         })
         .collect()
@@ -313,23 +335,23 @@ pub fn node_infos(nodes: &[WireNode], with_devices: bool) -> Result<Vec<NodeInfo
 mod tests {
     use super::*;
 
-    const HELLO: &str = r#"{"protocol":"opledger-llama-worker","version":1,"llama":{"commit":"abc","build":"b7","ggml_version":"0.26.0","ggml_commit":"x","compiler":"gcc 12","build_options":"GGML_AVX2=ON","system_info":"CPU : AVX2 = 1","backends":["CPU"],"devices":[{"name":"CPU","description":"AMD","type":"cpu","memory_total":10,"memory_free":5}]}}"#;
+    const HELLO: &str = r#"{"protocol":"opledger-llama-worker","version":2,"llama":{"commit":"abc","build":"b7","ggml_version":"0.26.0","ggml_commit":"x","compiler":"gcc 12","build_options":"GGML_AVX2=ON","system_info":"CPU : AVX2 = 1","backends":["CPU"],"devices":[{"name":"CPU","description":"AMD","type":"cpu","memory_total":10,"memory_free":5}]}}"#;
 
     #[test]
     fn a_hello_names_the_build_and_another_version_is_refused_by_name() {
         let h = parse_hello(HELLO).unwrap();
         assert_eq!(h.llama.devices[0].name, "CPU");
         assert_eq!(h.build_label(), "llama.cpp b7 (abc), ggml 0.26.0");
-        let v2 = HELLO.replace("\"version\":1", "\"version\":2");
-        let e = parse_hello(&v2).unwrap_err();
+        let v1 = HELLO.replace("\"version\":2", "\"version\":1");
+        let e = parse_hello(&v1).unwrap_err();
         assert_eq!(
             e,
             ProtocolError::Version {
                 name: PROTOCOL_NAME.into(),
-                version: 2
+                version: 1
             }
         );
-        assert!(e.to_string().contains("version 2"), "{e}");
+        assert!(e.to_string().contains("version 1"), "{e}");
         // another program's JSON
         assert!(matches!(
             parse_hello(r#"{"protocol":"lsp","version":1}"#),
@@ -448,18 +470,36 @@ mod tests {
                 true,
             ),
         ];
-        let infos = node_infos(&nodes, false).unwrap();
+        let infos = node_infos(&nodes, None).unwrap();
         assert_eq!(infos[0].layer, Some(3));
         assert!(infos[1].is_view && !infos[1].inplace);
         assert!(infos[2].inplace && !infos[2].is_view);
         assert_eq!(infos[2].srcs[0].as_ref().unwrap().producer, Some(1));
         assert_eq!(infos[0].device, None);
+        let cpu = Device {
+            name: "CPU".into(),
+            description: "AMD EPYC".into(),
+            kind: "cpu".into(),
+            ..Device::default()
+        };
+        let rpc = Device {
+            name: "RPC0".into(),
+            description: "127.0.0.1:50052".into(),
+            kind: "gpu".into(),
+            ..Device::default()
+        };
+        let list = [cpu, rpc];
         assert_eq!(
-            node_infos(&nodes, true).unwrap()[0].device.as_deref(),
+            node_infos(&nodes, Some(&list)).unwrap()[0]
+                .device
+                .as_deref(),
             Some("CPU")
         );
+        // an RPC device carries its server, a device not in the list its own name
+        assert_eq!(device_label("RPC0", &list), "RPC0[127.0.0.1:50052]");
+        assert_eq!(device_label("CUDA0", &list), "CUDA0");
         // a source produced by a later node is not a graph ggml computes
         let bad = vec![node("ADD", "a", vec![Some(t("b", Some(1)))], false)];
-        assert!(node_infos(&bad, false).is_err());
+        assert!(node_infos(&bad, None).is_err());
     }
 }

@@ -31,7 +31,7 @@ fn free_port() -> u16 {
 }
 
 /// A child process killed and reaped on drop.
-struct Proc {
+pub(crate) struct Proc {
     child: Child,
     port: u16,
 }
@@ -57,13 +57,13 @@ impl Proc {
         p
     }
 
-    fn server() -> Proc {
+    pub(crate) fn server() -> Proc {
         let port = free_port();
         let p = port.to_string();
         Proc::listening(&["rpc-server", "--port", &p, "-t", "1"], port)
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 }
@@ -75,7 +75,7 @@ impl Drop for Proc {
     }
 }
 
-fn tiny_llama(dir: &Path) -> PathBuf {
+pub(crate) fn tiny_llama(dir: &Path) -> PathBuf {
     let path = dir.join("tiny-llama.gguf");
     synthesize(&SynthOptions::new("tiny-llama"), &path, &mut |_, _| {}).unwrap();
     path
@@ -98,7 +98,12 @@ fn profile(model: &Path, servers: &[String], extra: &[&str], out: &Path) -> Comm
 }
 
 /// A profile over `servers` that succeeds, and its summary.
-fn profiled(model: &Path, servers: &[String], extra: &[&str], out: &Path) -> ProfileSummary {
+pub(crate) fn profiled(
+    model: &Path,
+    servers: &[String],
+    extra: &[&str],
+    out: &Path,
+) -> ProfileSummary {
     let o = profile(model, servers, extra, out).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     serde_json::from_slice(&o.stdout).unwrap()

@@ -11,7 +11,8 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use opledger_core::profile::{ProfileRaw, ProfileSummary};
+use opledger_core::profile::{CheckStatus, ProfileRaw, ProfileSummary};
+use opledger_core::split::TRANSFER_OP;
 
 fn bin() -> PathBuf {
     assert_cmd::cargo::cargo_bin("opledger")
@@ -121,6 +122,20 @@ fn a_worker_built_from_the_same_llama_cpp_profiles_as_the_embedded_engine() {
     }
     // the same logits, bit for bit, in every mode
     assert_eq!(raw_w.output_hashes, raw_e.output_hashes);
+    // every node carries the device of its buffer; one device is no split
+    assert!(
+        raw_w
+            .graph
+            .iter()
+            .all(|n| n.device.as_deref() == Some("CPU")),
+        "{:?}",
+        raw_w
+            .graph
+            .iter()
+            .find(|n| n.device.as_deref() != Some("CPU"))
+    );
+    assert!(sum_w.devices.is_empty() && sum_w.splits.is_empty());
+    assert!(!raw_w.graph.iter().any(|n| n.op == TRANSFER_OP));
     let file = opledger_app::model::ModelFile::open(&model).unwrap();
     let rules = opledger_core::band::BandRules::builtin(&file.arch.arch).unwrap();
     let (assignments, _) = opledger_core::profile::analyse(&raw_w, &rules, &file.arch).unwrap();
@@ -376,4 +391,221 @@ fn worker_faults_end_in_clear_errors_and_no_complete_run_folder() {
             out.display()
         );
     }
+}
+
+/// A model split over two RPC servers on loopback through the worker: the same graph, devices,
+/// transfers and logits as the embedded engine's split of the same layers; the isolation of
+/// each device measured from that device's own nodes that do no work, stated and removed.
+#[test]
+fn a_worker_splits_a_model_over_rpc_servers_as_the_embedded_engine_does() {
+    let _m = crate::machine::shared();
+    let w = worker();
+    let dir = tempfile::tempdir().unwrap();
+    let model = crate::rpc::tiny_llama(dir.path());
+    let (s1, s2) = (crate::rpc::Proc::server(), crate::rpc::Proc::server());
+    let servers = [s1.endpoint(), s2.endpoint()];
+    let (embedded, through) = (dir.path().join("embedded"), dir.path().join("worker"));
+    let extra = ["-r", "2", "--rpc-split", "2,1,1"];
+    let _ = crate::rpc::profiled(&model, &servers, &extra, &embedded);
+    let mut with_worker = extra.to_vec();
+    with_worker.extend(["--llama-worker", w.to_str().unwrap()]);
+    let sum = crate::rpc::profiled(&model, &servers, &with_worker, &through);
+    let (raw_e, _) = stored_profile(&embedded);
+    let (raw, _) = stored_profile(&through);
+    // node for node: op, name and device; the transfers in the same places, of the same bytes
+    assert_eq!(raw.graph.len(), raw_e.graph.len());
+    for (a, b) in raw_e.graph.iter().zip(&raw.graph) {
+        assert_eq!((&a.op, &a.name, &a.device), (&b.op, &b.name, &b.device));
+        assert_eq!(a.out.size_bytes, b.out.size_bytes, "{}", a.name);
+    }
+    let (r1, r2) = (
+        format!("RPC0[{}]", s1.endpoint()),
+        format!("RPC1[{}]", s2.endpoint()),
+    );
+    let devices: Vec<&str> = sum.splits.iter().map(|r| r.device.as_str()).collect();
+    assert_eq!(devices, ["CPU", r1.as_str(), r2.as_str()]);
+    assert_eq!(
+        raw.graph.iter().filter(|n| n.op == TRANSFER_OP).count(),
+        3,
+        "two boundaries and the outputs"
+    );
+    // the embedded split's logits, bit for bit, in every mode; one process's within tolerance
+    assert_eq!(raw.output_hashes, raw_e.output_hashes);
+    for name in ["devices", "split outputs", "outputs", "coverage"] {
+        let c = sum.checks.iter().find(|c| c.name == name).unwrap();
+        assert_eq!(c.status, CheckStatus::Pass, "{name}: {}", c.detail);
+    }
+    assert!(sum.band("network").is_some_and(|b| b.nodes == 3));
+
+    // each device's isolation: the median over cycles of the median TIMED time of its nodes
+    // that do no work, computed here from the stored node times
+    assert_eq!(sum.isolation_source, "idle nodes of each device");
+    let by_hand = |device: &str| {
+        let mut per_cycle: Vec<f64> = raw
+            .cycles
+            .iter()
+            .map(|c| {
+                let mut v: Vec<f64> = raw
+                    .graph
+                    .iter()
+                    .zip(&c.node_us)
+                    .filter(|(n, _)| {
+                        n.op != TRANSFER_OP
+                            && !n.is_working()
+                            && n.device.as_deref() == Some(device)
+                    })
+                    .map(|(_, &us)| us)
+                    .collect();
+                v.sort_by(f64::total_cmp);
+                assert!(!v.is_empty(), "{device} has no idle node");
+                let m = v.len() / 2;
+                if v.len() % 2 == 1 {
+                    v[m]
+                } else {
+                    (v[m - 1] + v[m]) / 2.0
+                }
+            })
+            .collect();
+        per_cycle.sort_by(f64::total_cmp);
+        (per_cycle[0] + per_cycle[per_cycle.len() - 1]) / 2.0
+    };
+    let iso = &sum.isolation_device_us;
+    assert_eq!(iso.len(), 3, "{iso:?}");
+    for d in ["CPU", r1.as_str(), r2.as_str()] {
+        let want = by_hand(d);
+        assert!(
+            (iso[d] - want).abs() <= 1e-9 * want.max(1.0),
+            "{d}: {} vs {want}",
+            iso[d]
+        );
+    }
+    // a server's node that does no work is one graph sent and a round trip; the CPU's, a
+    // callback and nothing computed
+    assert!(iso[&r1] > iso["CPU"] && iso[&r2] > iso["CPU"], "{iso:?}");
+    // removing them explains most of what isolating every remote node added to the TIMED sum
+    assert!(
+        sum.agreement_corrected.abs() < sum.agreement.abs(),
+        "raw {:+.3}, corrected {:+.3}",
+        sum.agreement,
+        sum.agreement_corrected
+    );
+    // the manifest records the split and the devices the worker's ggml listed
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(through.join("manifest.json")).unwrap()).unwrap();
+    let settings = &m["engine"]["settings"];
+    assert_eq!(settings["rpc"], servers.join(","));
+    assert_eq!(settings["rpc_split"], "2,1,1");
+    let listed = settings["devices"].as_str().unwrap();
+    for want in [
+        format!("RPC0 ({}", s1.endpoint()),
+        format!("RPC1 ({}", s2.endpoint()),
+        "CPU (".to_string(),
+    ] {
+        assert!(listed.contains(&want), "{want} not in {listed}");
+    }
+    // a server nobody serves is refused before the worker's ggml client meets it (which
+    // would abort the worker): the input's error, naming the server, and no run folder
+    let nobody = format!(
+        "127.0.0.1:{}",
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    );
+    let out = dir.path().join("refused");
+    let o = Command::new(bin())
+        .args(["profile", "-p", "16", "-t", "1", "-q", "--rpc", &nobody])
+        .args(["--llama-worker", w.to_str().unwrap(), "-m"])
+        .arg(&model)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&nobody) && err.contains("connection refused"),
+        "{err}"
+    );
+    assert!(!out.exists() || out.join("INCOMPLETE").exists());
+}
+
+/// A side's `env:NAME=VALUE` knob is set in that side's worker only, and the manifest records
+/// the environment each side's worker saw; the embedded engine refuses such a knob.
+#[test]
+fn an_env_knob_reaches_its_side_s_worker_and_the_manifest_says_so() {
+    let _machine = crate::machine::shared();
+    let w = worker();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(dir.path());
+    let a = format!("worker={}", w.display());
+    let b = format!("worker={},env:GGML_OPLEDGER_SIDE=b", w.display());
+    let out = dir.path().join("ab");
+    let o = Command::new(bin())
+        .args([
+            "ab",
+            "-p",
+            "16",
+            "-r",
+            "4",
+            "-t",
+            "1",
+            "--no-noise-gate",
+            "-q",
+        ])
+        .args(["--a", &a, "--b", &b, "-m"])
+        .arg(&model)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    // an A/A on a shared machine: any verdict, but not a failure to run
+    assert!(
+        matches!(o.status.code(), Some(0 | 3 | 5)),
+        "{:?}: {err}",
+        o.status
+    );
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    let settings = &m["engine"]["settings"];
+    let env_of = |side: &str| {
+        settings[format!("{side}.worker_env")]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(env_of("b").contains("GGML_OPLEDGER_SIDE=b"), "{settings}");
+    assert!(!env_of("a").contains("GGML_OPLEDGER_SIDE"), "{settings}");
+    // no CUDA backend in this worker: no CUDA graphs setting to record
+    assert!(settings.get("a.cuda_graphs").is_none(), "{settings}");
+
+    let o = Command::new(bin())
+        .args([
+            "ab",
+            "-p",
+            "16",
+            "-r",
+            "4",
+            "-t",
+            "1",
+            "--no-noise-gate",
+            "-q",
+        ])
+        .args([
+            "--a",
+            "worker=embedded,env:GGML_OPLEDGER_SIDE=a",
+            "--b",
+            "worker=embedded",
+        ])
+        .arg("-m")
+        .arg(&model)
+        .arg("-o")
+        .arg(dir.path().join("refused"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("env:GGML_OPLEDGER_SIDE"), "{err}");
 }

@@ -219,7 +219,7 @@ pub struct ProfileSummary {
     /// Decode steps each node's TIMED time sums (see [`ProfileRaw::node_steps`]).
     #[serde(default = "one")]
     pub node_steps: u32,
-    /// `calibration, node by node`, `calibration` or `idle nodes`.
+    /// `calibration, node by node`, `calibration`, `idle nodes of each device` or `idle nodes`.
     pub isolation_source: String,
     /// The estimate from the graph's nodes that do no work (views, skipped nodes), per node per
     /// run: a lower bound, since a view is not dispatched to the thread pool.
@@ -281,6 +281,11 @@ pub struct ProfileSummary {
     /// A split profile without the one-process comparison: why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub one_process_skipped: Option<String>,
+    /// A graph over several devices measured without the engine's calibration (a llama.cpp
+    /// worker): what isolating a node costs on each device, µs a node a step (median over
+    /// cycles), from that device's nodes that do no work; removed from every node on it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub isolation_device_us: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, thiserror::Error)]

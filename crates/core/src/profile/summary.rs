@@ -53,7 +53,18 @@ pub fn summarise(
     };
     let other = name_rows(raw, assignments, &est, "other")?;
     let unassigned = name_rows(raw, assignments, &est, UNASSIGNED)?;
-    let (devices, splits, device_check) = split_figures(raw, assignments, &est);
+    let (devices, splits, mut device_check) = split_figures(raw, assignments, &est);
+    if let (Some(c), false) = (device_check.as_mut(), isolation.per_device.is_empty()) {
+        let each: Vec<String> = isolation
+            .per_device
+            .iter()
+            .map(|(d, us)| format!("{d} {us:.1} µs"))
+            .collect();
+        c.detail += &format!(
+            "; isolating a node costs, from the nodes that do no work on each device, a node a step: {}",
+            each.join(", ")
+        );
+    }
     let identical = raw
         .output_hashes
         .values()
@@ -159,6 +170,7 @@ pub fn summarise(
             Some(sample(&raw.one_process_fused_ms, "one-process FUSED walls")?.spread())
         },
         one_process_skipped: raw.one_process_skipped.clone(),
+        isolation_device_us: isolation.per_device.into_iter().collect(),
     })
 }
 
@@ -210,7 +222,14 @@ fn split_figures(
     Option<super::Check>,
 ) {
     let attributed = raw.graph.iter().filter(|n| n.device.is_some()).count();
-    if attributed == 0 {
+    // a graph on one local device is that device's bands (an engine that names the device of
+    // every node, on the CPU alone)
+    let distinct: std::collections::BTreeSet<&str> = raw
+        .graph
+        .iter()
+        .filter_map(|n| n.device.as_deref())
+        .collect();
+    if distinct.len() < 2 && !distinct.iter().any(|d| crate::split::is_remote(d)) {
         return (Vec::new(), Vec::new(), None);
     }
     let bands: Vec<String> = assignments.iter().map(|a| a.band.clone()).collect();
@@ -341,6 +360,9 @@ struct Isolation {
     source: &'static str,
     /// The engine calibrated the cost in every cycle.
     calibrated: bool,
+    /// A graph over several devices without the engine's calibration: each device's idle-node
+    /// median per node and step (median over cycles), in graph order of the devices.
+    per_device: Vec<(String, f64)>,
 }
 
 /// The isolation cost per node per run, per cycle: the engine's calibration where it has one
@@ -359,6 +381,12 @@ fn isolation(raw: &ProfileRaw) -> Result<Isolation, SummaryError> {
     let mut clamped = vec![false; n];
     let working: Vec<bool> = raw.graph.iter().map(|g| g.is_working()).collect();
     let decode = raw.config.work.is_decode();
+    // without the engine's calibration, a graph over several devices takes each device's own
+    // idle nodes (as the embedded engine does for remote devices)
+    let on_device = (!calibrated)
+        .then(|| crate::split::isolation_devices(&raw.graph))
+        .flatten();
+    let mut per_device_cycles: Vec<Vec<f64>> = Vec::new();
     for c in &raw.cycles {
         let idle_us: Vec<f64> = idle.iter().map(|&i| c.node_us[i]).collect();
         let idle_iso = crate::stats::median(&idle_us).unwrap_or(0.0);
@@ -368,8 +396,14 @@ fn isolation(raw: &ProfileRaw) -> Result<Isolation, SummaryError> {
             _ => idle_iso,
         };
         isolation.push(iso);
-        // node by node where the engine calibrated each node, else the average for every node;
-        // then the remainder the calibration missed, equally from every working node
+        let device_iso = on_device.as_ref().map(|d| {
+            let per = d.idle_medians(&c.node_us, idle_iso);
+            per_device_cycles.push(per.clone());
+            d.each_node(&per)
+        });
+        // node by node where the engine calibrated each node (or each device's idle nodes
+        // stand for it), else the average for every node; then the remainder the calibration
+        // missed, equally from every working node
         let each = calibrated && c.isolation_node_us.len() == n;
         let removed = crate::isolation::remove_isolation(
             &c.node_us,
@@ -377,6 +411,8 @@ fn isolation(raw: &ProfileRaw) -> Result<Isolation, SummaryError> {
             &|i| {
                 if each {
                     c.isolation_node_us[i] * steps
+                } else if let Some(d) = &device_iso {
+                    d[i]
                 } else {
                     iso
                 }
@@ -407,9 +443,23 @@ fn isolation(raw: &ProfileRaw) -> Result<Isolation, SummaryError> {
         "calibration, node by node"
     } else if calibrated {
         "calibration"
+    } else if on_device.is_some() {
+        "idle nodes of each device"
     } else {
         "idle nodes"
     };
+    let per_device = on_device
+        .map(|d| {
+            d.names
+                .iter()
+                .enumerate()
+                .map(|(k, name)| {
+                    let v: Vec<f64> = per_device_cycles.iter().map(|p| p[k] / steps).collect();
+                    (name.clone(), crate::stats::median(&v).unwrap_or(0.0))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     Ok(Isolation {
         steps,
         cost,
@@ -421,6 +471,7 @@ fn isolation(raw: &ProfileRaw) -> Result<Isolation, SummaryError> {
         clamped,
         source,
         calibrated,
+        per_device,
     })
 }
 

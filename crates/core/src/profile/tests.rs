@@ -740,3 +740,71 @@ fn figures_of_runs_that_did_not_take_place_are_null_and_their_checks_say_not_mea
     // the bands still stand: the shares of the TIMED run times its wall
     assert!(s.fused_ms.is_finite() && s.bands.iter().all(|b| b.ms_per_token.is_finite()));
 }
+
+#[test]
+fn without_a_calibration_each_device_pays_its_own_idle_nodes() {
+    // a graph over the CPU (nodes 0-2) and a GPU (3-5), each with one view, measured by an
+    // engine without an isolation calibration (a llama.cpp worker)
+    const SPLIT: [MockNode; 6] = [
+        ("GATED_DELTA_NET", "node_0", "", 300.0),
+        ("RESHAPE", "node_0 (reshaped)", "", 0.0),
+        (
+            "MUL_MAT_ID",
+            "ffn_moe_gate-0",
+            "blk.0.ffn_gate_exps.weight",
+            500.0,
+        ),
+        ("FLASH_ATTN_EXT", "node_3", "", 100.0),
+        ("VIEW", "node_3 (view)", "", 0.0),
+        ("ADD", "l_out-3", "", 50.0),
+    ];
+    let mut e = MockEngine::new(&SPLIT);
+    let mut raw = measure(&mut e, &cfg(2), &mut |_, _, _| {}).unwrap();
+    for (i, n) in raw.graph.iter_mut().enumerate() {
+        n.device = Some(if i < 3 { "CPU" } else { "CUDA0" }.into());
+    }
+    let times = [
+        [310.0, 4.0, 520.0, 130.0, 30.0, 60.0],
+        [305.0, 6.0, 505.0, 120.0, 20.0, 55.0],
+    ];
+    for (c, (us, fused)) in raw.cycles.iter_mut().zip(times.iter().zip([1.0, 0.9])) {
+        c.node_us = us.to_vec();
+        c.fused_ms = fused;
+        c.isolation_us = None;
+        c.isolation_node_us.clear();
+    }
+    let rules = BandRules::builtin("qwen35moe").unwrap();
+    let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+    let s = analyse(&raw, &rules, &arch).unwrap().1;
+    assert_eq!(s.isolation_source, "idle nodes of each device");
+    // each device's view: CPU 4 and 6 µs, GPU 30 and 20: medians over the two cycles
+    assert!(close(s.isolation_device_us["CPU"], 5.0), "{s:?}");
+    assert!(close(s.isolation_device_us["CUDA0"], 25.0), "{s:?}");
+    // removed node by node: cycle 1 (310-4) + (520-4) + (130-30) + (60-30) = 952 µs against
+    // 1.0 ms; cycle 2 (305-6) + (505-6) + (120-20) + (55-20) = 933 µs against 0.9 ms
+    let want = ((952.0 / 1000.0 - 1.0) + (933.0 / 900.0 - 1.0)) / 2.0;
+    assert!(
+        close(s.agreement_corrected, want),
+        "{} vs {want}",
+        s.agreement_corrected
+    );
+    // raw: 1054 / 1000 and 1011 / 900
+    assert!(close(
+        s.agreement,
+        ((1054.0 / 1000.0 - 1.0) + (1011.0 / 900.0 - 1.0)) / 2.0
+    ));
+    let devices = s.checks.iter().find(|c| c.name == "devices").unwrap();
+    assert!(
+        devices.detail.contains("CPU 5.0 µs, CUDA0 25.0 µs"),
+        "{}",
+        devices.detail
+    );
+    // one device: the single idle-node figure, no table of devices
+    for n in &mut raw.graph {
+        n.device = Some("CPU".into());
+    }
+    let s = analyse(&raw, &rules, &arch).unwrap().1;
+    assert_eq!(s.isolation_source, "idle nodes");
+    assert!(s.isolation_device_us.is_empty() && s.devices.is_empty());
+    assert!(!s.checks.iter().any(|c| c.name == "devices"));
+}
