@@ -301,7 +301,7 @@ impl<'de> Deserialize<'de> for Id {
 }
 
 /// One event as read: the fields opledger uses, and of `args` only the keys it keeps.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Event {
     name: String,
     cat: String,
@@ -701,6 +701,10 @@ struct State<'o> {
     device: DeviceTotals,
     /// Device activity was read (the steps' device figures are kept).
     any_device: bool,
+    /// Spans clipped at a step's boundary they crossed (see [`State::begin`]).
+    clipped: u64,
+    /// Events held to be sorted by start before they are read ([`read_chrome_sorted`]).
+    buffer: Option<Vec<Event>>,
     error: Option<TraceError>,
     /// Where the reader is in the event array, to tell a file cut between events from one cut
     /// inside an event.
@@ -1107,9 +1111,40 @@ impl<'o> State<'o> {
         }
         th.last_start = th.last_start.max(s);
         self.close_until(tid, s);
+        let mut end = end;
+        let parent_step = self.threads[tid].stack.last().and_then(|f| f.step);
+        let opens_step =
+            parent_step.is_none() && self.opts.step.is_match(&self.keys[key as usize].name);
+        if let Some(e) = end {
+            if let Some(step_end) = parent_step.and_then(|p| self.steps[p].end) {
+                // a span that starts in a step and would outlive it (the profiler's own Python
+                // frame that closes the step annotation) ends with the step
+                if e > step_end + EPS {
+                    end = Some(step_end.max(s));
+                    self.clipped += 1;
+                }
+            } else if opens_step {
+                // a step annotation opened inside spans that end inside it (the profiler's own
+                // Python frames that open it): they end where the step starts
+                loop {
+                    let th = &mut self.threads[tid];
+                    match th.stack.last() {
+                        Some(Frame {
+                            end: Some(te),
+                            is_step: false,
+                            ..
+                        }) if *te + EPS < e => {
+                            let mut f = th.stack.pop().expect("non-empty");
+                            f.end = Some(s.max(f.start));
+                            self.clipped += 1;
+                            self.finish(tid, f);
+                        }
+                        _ => break,
+                    }
+                }
+            }
+        }
         let parent_ctx = self.threads[tid].stack.last().map_or(0, |f| f.ctx);
-        let th = &mut self.threads[tid];
-        let parent_step = th.stack.last().and_then(|f| f.step);
         if let (Some(top), Some(e)) = (self.threads[tid].stack.last(), end) {
             if top.end.is_some_and(|te| e > te + EPS) {
                 return Err(self.overlap(tid, top, key, s, e));
@@ -1118,7 +1153,7 @@ impl<'o> State<'o> {
         let mut is_step = false;
         let step = match parent_step {
             Some(p) => Some(p),
-            None if self.opts.step.is_match(&self.keys[key as usize].name) => {
+            None if opens_step => {
                 self.steps.push(StepWin {
                     name: self.keys[key as usize].name.clone(),
                     start: s,
@@ -1475,6 +1510,10 @@ impl<'de> Visitor<'de> for Events<'_, '_> {
                     return Err(e);
                 }
             }
+            if let Some(buffer) = &mut self.0.buffer {
+                buffer.push(ev.clone());
+                continue;
+            }
             if let Err(e) = self.0.event(&mut ev) {
                 self.0.error = Some(e);
                 return Err(serde::de::Error::custom("stopped"));
@@ -1524,6 +1563,28 @@ pub fn read_chrome<R: Read>(
     file: &str,
     opts: &TraceOptions,
 ) -> Result<TraceSummary, TraceError> {
+    read(reader, file, opts, false)
+}
+
+/// Reads a Chrome trace whose events of a thread are not in the order they start (Kineto writes
+/// a thread's CPU ops, then its Python calls, each in order): every event is held, sorted by
+/// start (the longer first at one instant, so a parent comes before its child; the file's order
+/// otherwise), then read as [`read_chrome`] reads. Memory grows with the events, not only with
+/// the distinct spans; the summary carries a note saying so.
+pub fn read_chrome_sorted<R: Read>(
+    reader: R,
+    file: &str,
+    opts: &TraceOptions,
+) -> Result<TraceSummary, TraceError> {
+    read(reader, file, opts, true)
+}
+
+fn read<R: Read>(
+    reader: R,
+    file: &str,
+    opts: &TraceOptions,
+    sort: bool,
+) -> Result<TraceSummary, TraceError> {
     let mut state = State {
         file: file.to_string(),
         opts,
@@ -1560,6 +1621,8 @@ pub fn read_chrome<R: Read>(
         pending_at: HashMap::default(),
         device: DeviceTotals::default(),
         any_device: false,
+        clipped: 0,
+        buffer: sort.then(Vec::new),
         error: None,
         cut: Cut::Before,
     };
@@ -1579,6 +1642,10 @@ pub fn read_chrome<R: Read>(
         source,
     };
     let mut notes = Vec::new();
+    // events read so far (held, when sorting)
+    state.events = state
+        .events
+        .max(state.buffer.as_ref().map_or(0, |b| b.len() as u64));
     match result {
         Ok(()) => de.end().map_err(json)?,
         Err(e) if e.is_data() && !found => {
@@ -1614,7 +1681,33 @@ pub fn read_chrome<R: Read>(
         Some("ns") => (1e-3, "ns"),
         _ => (1.0, "us"),
     };
+    if let Some(mut buffer) = state.buffer.take() {
+        let held = buffer.len();
+        // by start; at one instant the longer span first (a parent before its child); events
+        // without a start (metadata) first; the file's order otherwise (a stable sort)
+        buffer.sort_by(|a, b| {
+            let ka = (a.ts.unwrap_or(f64::NEG_INFINITY), -a.dur.unwrap_or(0.0));
+            let kb = (b.ts.unwrap_or(f64::NEG_INFINITY), -b.dur.unwrap_or(0.0));
+            ka.0.total_cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+        });
+        state.events = 0;
+        for mut ev in buffer {
+            state.event(&mut ev)?;
+        }
+        notes.push(format!(
+            "{file}: the events of a thread are not in the order they start (Kineto writes a \
+             thread's CPU ops, then its Python calls): all {held} events were held and sorted \
+             by start before being read, so memory grew with the trace"
+        ));
+    }
+    let clipped = state.clipped;
     let mut summary = state.into_summary(scale, name)?;
+    if clipped > 0 {
+        notes.push(format!(
+            "{file}: {clipped} spans crossed a step's boundary (the Python frames of the \
+             profiler's own calls that open and close its step annotation): clipped at it"
+        ));
+    }
     summary.notes = notes;
     Ok(summary)
 }
@@ -1850,6 +1943,82 @@ mod tests {
         assert_eq!(self_of(&s, 0, "forward"), 10.0);
         assert_eq!(self_of(&s, 0, "kernel"), 60.0);
         assert_eq!(s.steps[0].concurrency(), 70.0 / 40.0);
+    }
+
+    #[test]
+    fn profiler_frames_crossing_a_step_are_clipped_at_its_boundary() {
+        // what torch.profiler writes around ProfilerStep#N with Python stacks: the frame that
+        // opens the annotation (enter 1..12) holds the step's start (10) and ends inside it;
+        // the frame that closes it (step 95..105) and its child (exit 96..102) start inside
+        // it and end after it (100). enter ends at 10 (self 9, outside the step), step and
+        // exit end at 100: exit 96..100 = 4, step 5 - 4 = 1; the step 90 - op 30 - step 5 =
+        // 55; in the step 55 + 30 + 1 + 4 = 90 = its wall
+        let t = r#"[
+          {"ph":"X","name":"main","ts":0,"dur":200,"pid":1,"tid":1},
+          {"ph":"X","name":"enter","ts":1,"dur":11,"pid":1,"tid":1},
+          {"ph":"X","name":"ProfilerStep#0","ts":10,"dur":90,"pid":1,"tid":1},
+          {"ph":"X","name":"op","ts":20,"dur":30,"pid":1,"tid":1},
+          {"ph":"X","name":"step","ts":95,"dur":10,"pid":1,"tid":1},
+          {"ph":"X","name":"exit","ts":96,"dur":6,"pid":1,"tid":1}
+        ]"#;
+        let s = read(t, DEFAULT_STEP_PATTERN).unwrap();
+        assert_eq!(s.steps.len(), 1);
+        assert_eq!(s.steps[0].wall_us, 90.0);
+        assert_eq!(self_of(&s, 0, "ProfilerStep#0"), 55.0);
+        assert_eq!(self_of(&s, 0, "op"), 30.0);
+        assert_eq!(self_of(&s, 0, "step"), 1.0);
+        assert_eq!(self_of(&s, 0, "exit"), 4.0);
+        assert_eq!(self_of(&s, 0, "enter"), 0.0);
+        assert_eq!(s.steps[0].concurrency(), 1.0);
+        assert_eq!(s.outside_steps, 2, "main and enter");
+        assert_eq!(s.notes.len(), 1);
+        assert!(
+            s.notes[0].contains("3 spans crossed a step's boundary"),
+            "{}",
+            s.notes[0]
+        );
+        // spans crossing without a step are still refused
+        let t = t.replace("ProfilerStep#0", "forward");
+        assert!(matches!(
+            read(&t, "^nothing$").unwrap_err(),
+            TraceError::Overlap { .. }
+        ));
+    }
+
+    #[test]
+    fn a_thread_written_in_two_sorted_runs_is_read_sorted_with_a_note() {
+        // Kineto's order: a thread's CPU ops, then its Python calls, each run in start order
+        let t = r#"{"traceEvents":[
+          {"ph":"X","cat":"user_annotation","name":"ProfilerStep#1","ts":0,"dur":100,"pid":1,"tid":1},
+          {"ph":"X","cat":"cpu_op","name":"aten::linear","ts":20,"dur":30,"pid":1,"tid":1},
+          {"ph":"X","cat":"cpu_op","name":"aten::mm","ts":20,"dur":25,"pid":1,"tid":1},
+          {"ph":"X","cat":"python_function","name":"nn.Module: Linear_0","ts":10,"dur":50,"pid":1,"tid":1},
+          {"ph":"X","cat":"python_function","name":"torch/nn/modules/linear.py(125): forward","ts":15,"dur":40,"pid":1,"tid":1}
+        ]}"#;
+        let mut o = opts(DEFAULT_STEP_PATTERN);
+        o.context = Some(Regex::new("^(nn\\.Module: |cpu_op$)").unwrap());
+        let e = read_chrome(t.as_bytes(), "t.json", &o).unwrap_err();
+        assert!(matches!(e, TraceError::OutOfOrder { .. }), "{e}");
+        let s = read_chrome_sorted(t.as_bytes(), "t.json", &o).unwrap();
+        // Linear_0 50 - forward 40 = 10; forward 40 - aten::linear 30 = 10; aten::linear
+        // 30 - 25 = 5; aten::mm 25; the step 100 - 50 = 50
+        assert_eq!(self_of(&s, 0, "nn.Module: Linear_0"), 10.0);
+        assert_eq!(
+            self_of(&s, 0, "torch/nn/modules/linear.py(125): forward"),
+            10.0
+        );
+        assert_eq!(self_of(&s, 0, "aten::linear"), 5.0);
+        assert_eq!(self_of(&s, 0, "aten::mm"), 25.0);
+        assert_eq!(self_of(&s, 0, "ProfilerStep#1"), 50.0);
+        let mm = s.keys.iter().find(|k| k.name == "aten::mm").unwrap();
+        assert_eq!(mm.within, ["nn.Module: Linear_0", "aten::linear"]);
+        assert_eq!(mm.parent, "aten::linear");
+        assert_eq!(s.events, 5);
+        assert!(
+            s.notes[0].contains("all 5 events were held and sorted"),
+            "{:?}",
+            s.notes
+        );
     }
 
     #[test]
