@@ -17,8 +17,11 @@ use opledger_core::import_rules::ImportRules;
 use opledger_core::manifest::{Manifest, ModelRecord, MANIFEST_SCHEMA_VERSION};
 use opledger_core::node::{base_name, is_generic_name, NodeInfo, TensorDesc};
 use opledger_core::profile::{CycleRecord, ProfileConfig, ProfileRaw, PROFILE_SCHEMA_VERSION};
+use opledger_core::stats::Spread;
 use opledger_core::system::SystemSnapshot;
-use opledger_core::trace::{read_chrome, TraceOptions, TraceSummary, DEFAULT_STEP_PATTERN};
+use opledger_core::trace::{
+    read_chrome, read_chrome_sorted, TraceError, TraceOptions, TraceSummary, DEFAULT_STEP_PATTERN,
+};
 use regex::Regex;
 use serde::Serialize;
 
@@ -78,6 +81,156 @@ pub struct ImportStats {
     /// What the reader noticed without refusing the trace (an event array cut short).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// The device's side of a trace with device activity (Kineto's kernels, copies and sets on
+    /// a device's streams); absent for a trace of host spans only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceStats>,
+}
+
+/// A trace's device activity beside its host spans. Every figure per step is the median and
+/// range over the kept steps.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceStats {
+    /// Device activities (kernels, copies, sets) launched inside the kept steps.
+    pub activities: u64,
+    pub devices: usize,
+    pub streams: usize,
+    /// Per band, host and device time per token, separately: host = the self time of the
+    /// band's spans on the CPU threads as read (not scaled to the wall); device = the time of
+    /// the activity the band's spans launched (a kernel takes the band of its launch, read
+    /// with the launch's enclosing modules, annotations and ops).
+    pub bands: Vec<DeviceBand>,
+    /// The step span's wall on the host.
+    pub step_wall_ms: Spread,
+    /// From the step span's start to the later of its end and its last activity's end.
+    pub step_wall_with_device_ms: Spread,
+    /// The devices' busy time: the union over each device's streams of the step's activity.
+    pub busy_ms: Spread,
+    /// The sum of the step's activity time (streams running at once each count).
+    pub activity_ms: Spread,
+    /// Activity time over busy time (1: one stream at a time); steps without activity left
+    /// out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_concurrency: Option<Spread>,
+    /// Activity whose launch lies outside every step: counted, with its device time, not in
+    /// any band.
+    pub outside_steps: u64,
+    pub outside_steps_ms: f64,
+    /// Activity whose launch was never found: counted, with its device time.
+    pub unlinked: u64,
+    pub unlinked_ms: f64,
+    /// Launches let go to bound memory before their activity was read.
+    pub links_dropped: u64,
+    /// Activity no rule matched (with its launch's context): (name, launched by, device ms per
+    /// step).
+    pub unassigned: Vec<(String, String, f64)>,
+}
+
+/// One band's host and device time per token.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceBand {
+    pub band: String,
+    pub host_ms_per_token: Spread,
+    pub device_ms_per_token: Spread,
+}
+
+fn spread_of(values: &[f64]) -> Spread {
+    match opledger_core::stats::Sample::new(values) {
+        Ok(s) => s.spread(),
+        Err(_) => Spread {
+            median: f64::NAN,
+            min: f64::NAN,
+            max: f64::NAN,
+            n: 0,
+        },
+    }
+}
+
+/// The device's side of `trace`, with bands by `rules`; `None` without device activity.
+pub fn device_stats(trace: &TraceSummary, rules: &ImportRules, tokens: u32) -> Option<DeviceStats> {
+    if trace.device.events == 0 {
+        return None;
+    }
+    let tokens = f64::from(tokens.max(1));
+    let band_of: Vec<Option<&str>> = trace.keys.iter().map(|k| rules.band_of(k)).collect();
+    let mut names: Vec<String> = rules.text.bands.iter().map(|b| b.name.clone()).collect();
+    let steps = &trace.steps;
+    let unassigned_device: Vec<usize> = (0..trace.keys.len())
+        .filter(|&k| {
+            band_of[k].is_none()
+                && steps
+                    .iter()
+                    .any(|s| s.device_us.get(k).is_some_and(|v| *v > 0.0))
+        })
+        .collect();
+    let unassigned_host = (0..trace.keys.len())
+        .any(|k| band_of[k].is_none() && steps.iter().any(|s| s.self_us[k] > 0.0));
+    if !unassigned_device.is_empty() || unassigned_host {
+        names.push("unassigned".into());
+    }
+    let per_step = |band: &str, device: bool| -> Vec<f64> {
+        steps
+            .iter()
+            .map(|s| {
+                let v = if device { &s.device_us } else { &s.self_us };
+                v.iter()
+                    .enumerate()
+                    .filter(|(k, _)| band_of[*k].unwrap_or("unassigned") == band)
+                    .map(|(_, us)| us)
+                    .sum::<f64>()
+                    / 1e3
+                    / tokens
+            })
+            .collect()
+    };
+    let bands = names
+        .iter()
+        .map(|b| DeviceBand {
+            band: b.clone(),
+            host_ms_per_token: spread_of(&per_step(b, false)),
+            device_ms_per_token: spread_of(&per_step(b, true)),
+        })
+        .collect();
+    let ms = |f: &dyn Fn(&opledger_core::trace::StepAgg) -> f64| -> Spread {
+        spread_of(&steps.iter().map(f).collect::<Vec<_>>())
+    };
+    let sum = |s: &opledger_core::trace::StepAgg| s.device_us.iter().sum::<f64>();
+    let concurrency: Vec<f64> = steps
+        .iter()
+        .filter(|s| s.device_busy_us > 0.0)
+        .map(|s| sum(s) / s.device_busy_us)
+        .collect();
+    let n = steps.len() as f64;
+    Some(DeviceStats {
+        activities: steps.iter().map(|s| s.kernels).sum(),
+        devices: trace.device.devices,
+        streams: trace.device.streams,
+        bands,
+        step_wall_ms: ms(&|s| s.wall_us / 1e3),
+        step_wall_with_device_ms: ms(&|s| {
+            (s.start_us + s.wall_us).max(s.device_end_us.unwrap_or(f64::NEG_INFINITY)) / 1e3
+                - s.start_us / 1e3
+        }),
+        busy_ms: ms(&|s| s.device_busy_us / 1e3),
+        activity_ms: ms(&|s| sum(s) / 1e3),
+        stream_concurrency: (!concurrency.is_empty()).then(|| spread_of(&concurrency)),
+        outside_steps: trace.device.outside_steps,
+        outside_steps_ms: trace.device.outside_steps_us / 1e3,
+        unlinked: trace.device.unlinked,
+        unlinked_ms: trace.device.unlinked_us / 1e3,
+        links_dropped: trace.device.links_dropped,
+        unassigned: unassigned_device
+            .iter()
+            .map(|&k| {
+                let key = &trace.keys[k];
+                (
+                    key.name.clone(),
+                    key.parent.clone(),
+                    steps.iter().map(|s| s.device_us[k]).sum::<f64>() / n / 1e3,
+                )
+            })
+            .collect(),
+    })
 }
 
 /// An imported run, ready to be written.
@@ -216,6 +369,7 @@ pub fn run_records(
         concurrency: None,
         late_spans: 0,
         notes: Vec::new(),
+        device: None,
     };
     Ok(Imported {
         manifest,
@@ -236,11 +390,37 @@ pub fn run(req: &ImportRequest, model: Option<&ModelFile>) -> Result<Imported> {
     let opts = TraceOptions {
         step,
         arg_keys: rules.arg_keys(),
+        context: rules.context(),
     };
     let file = req.trace.display().to_string();
     let hash = hash_file(&req.trace)?;
-    let f = std::fs::File::open(&req.trace).with_context(|| format!("opening {file}"))?;
-    let mut trace = read_chrome(std::io::BufReader::with_capacity(1 << 20, f), &file, &opts)?;
+    // a gzip file (what torch.profiler writes for a name ending in .gz) is read through the
+    // decoder, streamed like the plain text
+    let open = || -> Result<std::io::BufReader<Box<dyn std::io::Read>>> {
+        use std::io::Read;
+        let mut f = std::fs::File::open(&req.trace).with_context(|| format!("opening {file}"))?;
+        let mut magic = [0u8; 2];
+        let gz = f
+            .read(&mut magic)
+            .with_context(|| format!("reading {file}"))?
+            == 2
+            && magic == [0x1f, 0x8b];
+        let f = std::fs::File::open(&req.trace).with_context(|| format!("opening {file}"))?;
+        let reader: Box<dyn std::io::Read> = if gz {
+            Box::new(flate2::read::MultiGzDecoder::new(
+                std::io::BufReader::with_capacity(1 << 16, f),
+            ))
+        } else {
+            Box::new(f)
+        };
+        Ok(std::io::BufReader::with_capacity(1 << 20, reader))
+    };
+    // streamed; a trace whose threads' events are not in start order (Kineto with Python
+    // stacks) is read again, held and sorted (a note says so)
+    let mut trace = match read_chrome(open()?, &file, &opts) {
+        Err(TraceError::OutOfOrder { .. }) => read_chrome_sorted(open()?, &file, &opts)?,
+        r => r?,
+    };
     let skip = req.skip_steps as usize;
     if skip >= trace.steps.len() {
         bail!(
@@ -401,6 +581,7 @@ fn build(
         .map(|s| s.spread()),
         late_spans: trace.late,
         notes: trace.notes.clone(),
+        device: device_stats(trace, rules, req.tokens),
     };
     let settings: BTreeMap<String, String> = [
         ("imported_from", hash.path.clone()),
@@ -534,4 +715,116 @@ fn unknown_arch() -> ArchInfo {
 /// The run folder an import writes: `output` when given, else `runs/<time>-import-<trace>`.
 pub fn run_path(output: Option<&Path>, trace: &Path) -> PathBuf {
     crate::manifest::run_path(output, IMPORT_COMMAND, trace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads the hand-written GPU trace of the core tests (crates/core/tests/kineto_gpu.rs holds
+    /// its arithmetic) with the PyTorch rules, from `name` written with `bytes`.
+    fn import(name: &str, bytes: &[u8]) -> Imported {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let (_, file, text) = opledger_core::import_rules::BUILTIN_IMPORT_RULES
+            .iter()
+            .find(|(n, _, _)| *n == "pytorch")
+            .unwrap();
+        let req = ImportRequest {
+            trace: path,
+            rules_file: file.to_string(),
+            rules_text: text.to_string(),
+            step: None,
+            tokens: 2,
+            skip_steps: 0,
+        };
+        run(&req, None).unwrap()
+    }
+
+    const HAND: &str = include_str!("../../core/tests/fixtures/kineto-gpu-by-hand.json");
+
+    #[test]
+    fn device_stats_hold_host_and_device_per_band_busy_time_and_what_is_outside() {
+        let d = import("hand.json", HAND.as_bytes()).stats.device.unwrap();
+        // two steps, 2 tokens each: per band, (min, max) of the two steps' µs / 2 / 1000
+        let band = |b: &str| d.bands.iter().find(|x| x.band == b).unwrap().clone();
+        let range = |s: &Spread| (s.min, s.max);
+        let close =
+            |a: (f64, f64), b: (f64, f64)| (a.0 - b.0).abs() < 1e-12 && (a.1 - b.1).abs() < 1e-12;
+        // host: dense_ffn 55 (step 1) and 20 (step 2); other 71 and 80; attention 51 and 0
+        assert!(close(
+            range(&band("dense_ffn").host_ms_per_token),
+            (0.010, 0.0275)
+        ));
+        assert!(close(
+            range(&band("other").host_ms_per_token),
+            (0.0355, 0.040)
+        ));
+        assert!(close(
+            range(&band("attention").host_ms_per_token),
+            (0.0, 0.0255)
+        ));
+        // device: dense_ffn 66 and 6; network 60 and 0; the unassigned fill_ kernel 4 and 0
+        assert!(close(
+            range(&band("dense_ffn").device_ms_per_token),
+            (0.003, 0.033)
+        ));
+        assert!(close(
+            range(&band("network").device_ms_per_token),
+            (0.0, 0.030)
+        ));
+        assert!(close(
+            range(&band("unassigned").device_ms_per_token),
+            (0.0, 0.002)
+        ));
+        assert!(close(range(&d.busy_ms), (0.006, 0.164)));
+        assert!(close(range(&d.activity_ms), (0.006, 0.224)));
+        let c = d.stream_concurrency.as_ref().unwrap();
+        assert!(close((c.min, c.max), (1.0, 224.0 / 164.0)));
+        assert!(close(range(&d.step_wall_ms), (0.1, 0.2)));
+        assert!(close(range(&d.step_wall_with_device_ms), (0.1, 0.204)));
+        assert_eq!((d.activities, d.devices, d.streams), (9, 1, 2));
+        assert_eq!(d.outside_steps, 1);
+        assert!((d.outside_steps_ms - 0.005).abs() < 1e-12);
+        assert_eq!(d.unlinked, 0);
+        // the kernel launched outside every module: listed with its launch, per step over 2
+        assert_eq!(d.unassigned.len(), 1);
+        assert_eq!(
+            (d.unassigned[0].0.as_str(), d.unassigned[0].1.as_str()),
+            ("fill_kernel", "cudaLaunchKernel")
+        );
+        assert!((d.unassigned[0].2 - 0.002).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_gzip_trace_reads_as_the_plain_one() {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(HAND.as_bytes()).unwrap();
+        let gz = gz.finish().unwrap();
+        let plain = import("hand.json", HAND.as_bytes());
+        let zipped = import("hand.json.gz", &gz);
+        assert_eq!(plain.raw.cycles.len(), 2);
+        for (a, b) in plain.raw.cycles.iter().zip(&zipped.raw.cycles) {
+            assert_eq!(a.node_us, b.node_us);
+            assert_eq!(a.fused_ms, b.fused_ms);
+        }
+        assert_eq!(plain.stats.events, zipped.stats.events);
+        // a gzip stream cut short is refused naming the file
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cut.json.gz");
+        std::fs::write(&path, &gz[..gz.len() / 2]).unwrap();
+        let (_, file, text) = opledger_core::import_rules::BUILTIN_IMPORT_RULES[1];
+        let req = ImportRequest {
+            trace: path.clone(),
+            rules_file: file.to_string(),
+            rules_text: text.to_string(),
+            step: None,
+            tokens: 1,
+            skip_steps: 0,
+        };
+        let e = run(&req, None).err().unwrap().to_string();
+        assert!(e.contains("cut.json.gz"), "{e}");
+    }
 }

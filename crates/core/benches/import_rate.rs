@@ -50,6 +50,7 @@ fn bench(c: &mut Criterion) {
     let opts = TraceOptions {
         step: Regex::new("^model$").unwrap(),
         arg_keys: Vec::new(),
+        context: None,
     };
     let mut g = c.benchmark_group("import");
     g.sample_size(10);

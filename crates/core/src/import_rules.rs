@@ -9,11 +9,18 @@ use crate::band::BandDef;
 use crate::trace::SpanKey;
 
 /// The built-in rule sets: (name, file name, TOML text).
-pub const BUILTIN_IMPORT_RULES: [(&str, &str, &str); 1] = [(
-    "candle",
-    "candle.toml",
-    include_str!("../import-rules/candle.toml"),
-)];
+pub const BUILTIN_IMPORT_RULES: [(&str, &str, &str); 2] = [
+    (
+        "candle",
+        "candle.toml",
+        include_str!("../import-rules/candle.toml"),
+    ),
+    (
+        "pytorch",
+        "pytorch.toml",
+        include_str!("../import-rules/pytorch.toml"),
+    ),
+];
 
 /// A pattern on one argument of a span.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,6 +43,11 @@ pub struct RuleText {
     pub parent: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arg: Option<ArgPattern>,
+    /// Patterns that must each match the span's own name or the name of a context span it is
+    /// nested in (for device activity: of its launch's), e.g. a linear layer inside an
+    /// attention module.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub within: Vec<String>,
 }
 
 /// An import rule file as written.
@@ -49,6 +61,10 @@ pub struct ImportRulesText {
     /// The pattern of a step span's name (a forward pass); `--step` overrides it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,
+    /// The names of spans that are context for the spans nested in them (modules,
+    /// annotations, ops), which `within` patterns read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
     pub bands: Vec<BandDef>,
     pub rules: Vec<RuleText>,
 }
@@ -59,6 +75,7 @@ struct Compiled {
     cat: Option<Regex>,
     parent: Option<Regex>,
     arg: Option<(String, Regex)>,
+    within: Vec<Regex>,
 }
 
 /// A checked rule set with its patterns compiled.
@@ -89,7 +106,7 @@ pub enum ImportRulesError {
         band: String,
     },
     #[error(
-        "{file}: rule {rule} has no pattern (name, cat, parent or arg): it would match every span"
+        "{file}: rule {rule} has no pattern (name, cat, parent, arg or within): it would match every span"
     )]
     Empty { file: String, rule: usize },
 }
@@ -123,7 +140,12 @@ impl ImportRules {
                     band: r.band.clone(),
                 });
             }
-            if r.name.is_none() && r.cat.is_none() && r.parent.is_none() && r.arg.is_none() {
+            if r.name.is_none()
+                && r.cat.is_none()
+                && r.parent.is_none()
+                && r.arg.is_none()
+                && r.within.is_empty()
+            {
                 return Err(ImportRulesError::Empty {
                     file: file.into(),
                     rule,
@@ -136,15 +158,21 @@ impl ImportRules {
                 )),
                 None => None,
             };
+            let mut within = Vec::new();
+            for w in &r.within {
+                within.push(re(rule, &Some(w.clone()))?.expect("given"));
+            }
             compiled.push(Compiled {
                 band: r.band.clone(),
                 name: re(rule, &r.name)?,
                 cat: re(rule, &r.cat)?,
                 parent: re(rule, &r.parent)?,
                 arg,
+                within,
             });
         }
         re(0, &t.step)?;
+        re(0, &t.context)?;
         Ok(ImportRules { text: t, compiled })
     }
 
@@ -164,6 +192,14 @@ impl ImportRules {
             .collect()
     }
 
+    /// The pattern of context span names, compiled (checked by `parse`).
+    pub fn context(&self) -> Option<Regex> {
+        self.text
+            .context
+            .as_deref()
+            .map(|p| Regex::new(p).expect("checked by parse"))
+    }
+
     /// The band of a span, or `None` when no rule matches.
     pub fn band_of(&self, key: &SpanKey) -> Option<&str> {
         self.compiled
@@ -175,6 +211,9 @@ impl ImportRules {
                     && c.arg
                         .as_ref()
                         .is_none_or(|(k, r)| key.arg(k).is_some_and(|v| r.is_match(v)))
+                    && c.within
+                        .iter()
+                        .all(|r| r.is_match(&key.name) || key.within.iter().any(|w| r.is_match(w)))
             })
             .map(|c| c.band.as_str())
     }
@@ -193,6 +232,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            within: Vec::new(),
         }
     }
 
@@ -397,6 +437,7 @@ mod tests {
         let opts = crate::trace::TraceOptions {
             step: candle_step(),
             arg_keys: r.arg_keys(),
+            context: r.context(),
         };
         let s = crate::trace::read_chrome(t.as_bytes(), "llama.json", &opts).unwrap();
         assert_eq!(s.steps.len(), 1);
@@ -404,6 +445,368 @@ mod tests {
         assert!(unassigned.is_empty(), "{unassigned:?}");
         let rot = s.keys.iter().find(|k| k.name == "attn-rot").unwrap();
         assert_eq!(rot.parent, "attn");
+    }
+
+    /// The band the shipped PyTorch rules give a span `name` of category `cat` nested in the
+    /// context spans `within` (outermost first).
+    fn torch_band(name: &str, cat: &str, within: &[&str]) -> Option<String> {
+        let r = ImportRules::builtin("pytorch").unwrap().unwrap();
+        let key = SpanKey {
+            name: name.into(),
+            cat: cat.into(),
+            parent: within.last().copied().unwrap_or_default().into(),
+            args: Vec::new(),
+            within: within.iter().map(|w| w.to_string()).collect(),
+        };
+        r.band_of(&key).map(str::to_string)
+    }
+
+    /// (span, category, context, band) as the shipped PyTorch rules must read them.
+    fn expect_torch(cases: &[(&str, &str, &[&str], &str)]) {
+        for (name, cat, within, band) in cases {
+            assert_eq!(
+                torch_band(name, cat, within).as_deref(),
+                Some(*band),
+                "'{name}' ({cat}) in {within:?}"
+            );
+        }
+    }
+
+    /// A module span as torch's Python tracer names it ("nn.Module: <Class>_<n>", the n-th
+    /// instance of the class).
+    fn m(class: &str, n: u32) -> &'static str {
+        Box::leak(format!("nn.Module: {class}_{n}").into_boxed_str())
+    }
+
+    #[test]
+    fn pytorch_llama_projections_attention_mlp_norms_rotary_head() {
+        // transformers 5.25.0, src/transformers/models/llama/modeling_llama.py: LlamaForCausalLM
+        // > LlamaModel (embed_tokens: nn.Embedding, layers, norm: LlamaRMSNorm, rotary_emb:
+        // LlamaRotaryEmbedding) > LlamaDecoderLayer (self_attn: LlamaAttention with q/k/v/o_proj
+        // nn.Linear; mlp: LlamaMLP with gate/up/down_proj nn.Linear; input_layernorm and
+        // post_attention_layernorm: LlamaRMSNorm); lm_head: nn.Linear
+        let (t, mo, l) = (
+            m("LlamaForCausalLM", 0),
+            m("LlamaModel", 0),
+            m("LlamaDecoderLayer", 3),
+        );
+        let (attn, q, mlp, up) = (
+            m("LlamaAttention", 3),
+            m("Linear", 12),
+            m("LlamaMLP", 3),
+            m("Linear", 17),
+        );
+        expect_torch(&[
+            // a linear layer inside the attention module, and every op under it
+            (q, "python_function", &[t, mo, l, attn], "projections"),
+            (
+                "aten::linear",
+                "cpu_op",
+                &[t, mo, l, attn, q],
+                "projections",
+            ),
+            (
+                "aten::addmm",
+                "cpu_op",
+                &[t, mo, l, attn, q, "aten::linear"],
+                "projections",
+            ),
+            // the attention core: the module's own work and sdpa
+            (attn, "python_function", &[t, mo, l], "attention"),
+            (
+                "aten::scaled_dot_product_attention",
+                "cpu_op",
+                &[t, mo, l, attn],
+                "attention",
+            ),
+            ("aten::mul", "cpu_op", &[t, mo, l, attn], "attention"),
+            // the MLP and its linear layers
+            (mlp, "python_function", &[t, mo, l], "dense_ffn"),
+            ("aten::mm", "cpu_op", &[t, mo, l, mlp, up], "dense_ffn"),
+            ("aten::silu", "cpu_op", &[t, mo, l, mlp], "dense_ffn"),
+            // norms, rotary tables, embedding, the layer's residual adds, the head
+            (
+                "aten::rsqrt",
+                "cpu_op",
+                &[t, mo, l, m("LlamaRMSNorm", 7)],
+                "other",
+            ),
+            (
+                "aten::cos",
+                "cpu_op",
+                &[t, mo, m("LlamaRotaryEmbedding", 0)],
+                "other",
+            ),
+            (
+                "aten::embedding",
+                "cpu_op",
+                &[t, mo, m("Embedding", 0)],
+                "other",
+            ),
+            ("aten::add", "cpu_op", &[t, mo, l], "other"),
+            ("aten::linear", "cpu_op", &[t, m("Linear", 224)], "other"),
+        ]);
+    }
+
+    #[test]
+    fn pytorch_qwen2_attention_with_biased_projections_and_its_mlp() {
+        // src/transformers/models/qwen2/modeling_qwen2.py: Qwen2Attention (q/k/v_proj
+        // nn.Linear with bias, o_proj), Qwen2MLP, Qwen2RMSNorm, Qwen2RotaryEmbedding, Qwen2Model
+        let (t, mo, l) = (
+            m("Qwen2ForCausalLM", 0),
+            m("Qwen2Model", 0),
+            m("Qwen2DecoderLayer", 0),
+        );
+        let (a, k, mlp, n) = (
+            m("Qwen2Attention", 0),
+            m("Linear", 1),
+            m("Qwen2MLP", 0),
+            m("Qwen2RMSNorm", 0),
+        );
+        expect_torch(&[
+            ("aten::addmm", "cpu_op", &[t, mo, l, a, k], "projections"),
+            (
+                "aten::scaled_dot_product_attention",
+                "cpu_op",
+                &[t, mo, l, a],
+                "attention",
+            ),
+            ("aten::mul", "cpu_op", &[t, mo, l, mlp], "dense_ffn"),
+            ("aten::pow", "cpu_op", &[t, mo, l, n], "other"),
+            (
+                "aten::cos",
+                "cpu_op",
+                &[t, mo, m("Qwen2RotaryEmbedding", 0)],
+                "other",
+            ),
+            ("aten::slice", "cpu_op", &[t, mo], "other"),
+        ]);
+    }
+
+    #[test]
+    fn pytorch_qwen3_moe_router_experts_and_its_dense_layers() {
+        // src/transformers/models/qwen3_moe/modeling_qwen3_moe.py: Qwen3MoeSparseMoeBlock
+        // (gate: Qwen3MoeTopKRouter, experts: Qwen3MoeExperts, the experts' 3-D weights used
+        // directly), Qwen3MoeMLP in the layers listed in mlp_only_layers, Qwen3MoeAttention with
+        // q_norm / k_norm (Qwen3MoeRMSNorm) on the head dimension
+        let (t, mo, l) = (
+            m("Qwen3MoeForCausalLM", 0),
+            m("Qwen3MoeModel", 0),
+            m("Qwen3MoeDecoderLayer", 2),
+        );
+        let moe = m("Qwen3MoeSparseMoeBlock", 1);
+        let a = m("Qwen3MoeAttention", 2);
+        expect_torch(&[
+            (
+                "aten::linear",
+                "cpu_op",
+                &[t, mo, l, moe, m("Qwen3MoeTopKRouter", 1)],
+                "moe",
+            ),
+            (
+                "aten::topk",
+                "cpu_op",
+                &[t, mo, l, moe, m("Qwen3MoeTopKRouter", 1)],
+                "moe",
+            ),
+            (
+                "aten::linear",
+                "cpu_op",
+                &[t, mo, l, moe, m("Qwen3MoeExperts", 1)],
+                "moe",
+            ),
+            ("aten::index_add_", "cpu_op", &[t, mo, l, moe], "moe"),
+            (moe, "python_function", &[t, mo, l], "moe"),
+            // a dense layer's MLP is the dense FFN, not the MoE
+            (
+                "aten::mm",
+                "cpu_op",
+                &[t, mo, l, m("Qwen3MoeMLP", 0), m("Linear", 40)],
+                "dense_ffn",
+            ),
+            // q_norm inside the attention module is a norm
+            (
+                "aten::rsqrt",
+                "cpu_op",
+                &[t, mo, l, a, m("Qwen3MoeRMSNorm", 4)],
+                "other",
+            ),
+            (
+                "aten::mm",
+                "cpu_op",
+                &[t, mo, l, a, m("Linear", 9)],
+                "projections",
+            ),
+        ]);
+    }
+
+    #[test]
+    fn pytorch_gemma3_scaled_embedding_four_norms_and_qk_norms() {
+        // src/transformers/models/gemma3/modeling_gemma3.py: Gemma3TextScaledWordEmbedding (an
+        // nn.Embedding that scales), Gemma3DecoderLayer with input_layernorm,
+        // post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm
+        // (Gemma3RMSNorm), Gemma3Attention with q_norm / k_norm, Gemma3MLP, Gemma3TextModel,
+        // Gemma3ForCausalLM
+        let (t, mo, l) = (
+            m("Gemma3ForCausalLM", 0),
+            m("Gemma3TextModel", 0),
+            m("Gemma3DecoderLayer", 5),
+        );
+        let a = m("Gemma3Attention", 5);
+        expect_torch(&[
+            (
+                "aten::embedding",
+                "cpu_op",
+                &[t, mo, m("Gemma3TextScaledWordEmbedding", 0)],
+                "other",
+            ),
+            (
+                "aten::mul",
+                "cpu_op",
+                &[t, mo, m("Gemma3TextScaledWordEmbedding", 0)],
+                "other",
+            ),
+            (
+                "aten::mean",
+                "cpu_op",
+                &[t, mo, l, m("Gemma3RMSNorm", 22)],
+                "other",
+            ),
+            (
+                "aten::mean",
+                "cpu_op",
+                &[t, mo, l, a, m("Gemma3RMSNorm", 20)],
+                "other",
+            ),
+            (
+                "aten::linear",
+                "cpu_op",
+                &[t, mo, l, a, m("Linear", 35)],
+                "projections",
+            ),
+            (
+                "aten::_scaled_dot_product_flash_attention_for_cpu",
+                "cpu_op",
+                &[t, mo, l, a, "aten::scaled_dot_product_attention"],
+                "attention",
+            ),
+            (
+                "aten::gelu",
+                "cpu_op",
+                &[t, mo, l, m("Gemma3MLP", 5)],
+                "dense_ffn",
+            ),
+            (
+                "torch/nn/modules/linear.py(134): forward",
+                "python_function",
+                &[t, mo, l, m("Gemma3MLP", 5), m("Linear", 38)],
+                "dense_ffn",
+            ),
+            ("aten::linear", "cpu_op", &[t, m("Linear", 126)], "other"),
+        ]);
+    }
+
+    #[test]
+    fn pytorch_mixtral_router_and_experts() {
+        // src/transformers/models/mixtral/modeling_mixtral.py: MixtralSparseMoeBlock (gate:
+        // MixtralTopKRouter, experts: MixtralExperts), MixtralAttention, MixtralRMSNorm
+        let (t, mo, l) = (
+            m("MixtralForCausalLM", 0),
+            m("MixtralModel", 0),
+            m("MixtralDecoderLayer", 0),
+        );
+        let moe = m("MixtralSparseMoeBlock", 0);
+        expect_torch(&[
+            (
+                "aten::softmax",
+                "cpu_op",
+                &[t, mo, l, moe, m("MixtralTopKRouter", 0)],
+                "moe",
+            ),
+            (
+                "aten::mm",
+                "cpu_op",
+                &[t, mo, l, moe, m("MixtralExperts", 0)],
+                "moe",
+            ),
+            (
+                "aten::mm",
+                "cpu_op",
+                &[t, mo, l, m("MixtralAttention", 0), m("Linear", 0)],
+                "projections",
+            ),
+        ]);
+    }
+
+    #[test]
+    fn pytorch_collectives_are_the_network_band_on_host_and_device() {
+        // torch.distributed's c10d ops as the profiler records them (cpu_op c10d::allreduce_,
+        // record_param_comms, nccl:all_reduce) and NCCL's kernels, launched from them
+        let (t, l) = (m("LlamaForCausalLM", 0), m("LlamaDecoderLayer", 1));
+        expect_torch(&[
+            ("c10d::allreduce_", "cpu_op", &[t, l], "network"),
+            (
+                "record_param_comms",
+                "cpu_op",
+                &[t, l, "c10d::allreduce_"],
+                "network",
+            ),
+            ("nccl:all_reduce", "user_annotation", &[t], "network"),
+            (
+                "cudaLaunchKernel",
+                "cuda_runtime",
+                &[t, l, "c10d::allreduce_", "record_param_comms"],
+                "network",
+            ),
+            (
+                "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+                "kernel",
+                &[t, l],
+                "network",
+            ),
+            (
+                "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)",
+                "kernel",
+                &[t, l, "c10d::alltoall_base_"],
+                "network",
+            ),
+            ("c10d::_allgather_base_", "cpu_op", &[t], "network"),
+            (
+                "c10d::reduce_scatter_tensor_coalesced_",
+                "cpu_op",
+                &[t],
+                "network",
+            ),
+        ]);
+    }
+
+    #[test]
+    fn pytorch_flash_kernels_the_step_and_python_outside_every_module() {
+        let (t, a) = (m("LlamaForCausalLM", 0), m("LlamaAttention", 0));
+        expect_torch(&[
+            // a flash-attention kernel is attention by its own name, wherever it was launched
+            ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>(Flash_fwd_params)", "kernel", &[t], "attention"),
+            ("fmha_cutlassF_f16_aligned_64x64_rf_sm80", "kernel", &[t, a], "attention"),
+            ("ProfilerStep#7", "user_annotation", &[], "other"),
+            ("torch/profiler/profiler.py(880): step", "python_function", &[], "other"),
+            ("cudaDeviceSynchronize", "cuda_runtime", &[], "other"),
+        ]);
+        // an op outside every module is no band's: the coverage check lists it
+        assert_eq!(torch_band("aten::fill_", "cpu_op", &[]), None);
+        assert_eq!(torch_band("fill_kernel", "kernel", &["aten::fill_"]), None);
+        let r = ImportRules::builtin("pytorch").unwrap().unwrap();
+        let step = Regex::new(r.text.step.as_deref().unwrap()).unwrap();
+        assert!(step.is_match("ProfilerStep#12") && !step.is_match("ProfilerStep"));
+        let ctx = r.context().unwrap();
+        assert!(
+            ctx.is_match(m("Gemma3MLP", 0))
+                && ctx.is_match("cpu_op")
+                && ctx.is_match("user_annotation")
+        );
+        assert!(
+            !ctx.is_match("python_function")
+                && !ctx.is_match("torch/nn/modules/module.py(1750): _call_impl")
+        );
     }
 
     #[test]

@@ -68,6 +68,18 @@ pub fn hash_f32(values: &[f32]) -> u64 {
 mod tests {
     use super::*;
 
+    /// tools/torch-trace/record.py reproduces this stream in Python for transformers: its
+    /// `filler_tokens(0, 0, 6, 262144)` and `filler_tokens(0, 126, 2, 262144)` (Gemma 3's
+    /// vocabulary) printed these ids.
+    #[test]
+    fn the_python_port_of_the_recording_tool_gives_the_same_ids() {
+        assert_eq!(
+            filler_tokens(0, 0, 6, 262_144),
+            [118191, 91636, 83279, 33260, 29851, 172778]
+        );
+        assert_eq!(filler_tokens(0, 126, 2, 262_144), [8130, 236569]);
+    }
+
     #[test]
     fn filler_is_positional_and_in_range() {
         let whole = filler_tokens(7, 0, 1024, 1000);

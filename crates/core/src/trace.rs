@@ -13,8 +13,8 @@
 //! start on its thread is refused rather than mis-nested.
 //!
 //! Steps (a forward pass) are spans whose name matches a pattern; a span belongs to the step it
-//! is nested in on its own thread (the step's thread), or, on another thread (a worker, a GPU
-//! stream), to the step whose time window holds its start.
+//! is nested in on its own thread (the step's thread), or, on another thread (a worker, a track
+//! of spans without a device category), to the step whose time window holds its start.
 //!
 //! Self time, across threads (ARCHITECTURE.md, "Traces of several threads"): a span on another
 //! thread than its step's has as self time its duration less its direct children's on its
@@ -28,6 +28,14 @@
 //!
 //! A trace whose event array stops without its closing `]` (a process killed while tracing) is
 //! read up to its last whole event, with a note; one cut inside an event is refused.
+//!
+//! Device activity (Kineto's `kernel`, `gpu_memcpy`, `gpu_memset`, on a device's stream tracks)
+//! is not a host thread: it is linked to the span that launched it (`args.correlation` of a
+//! runtime call, else `External id`, else an `ac2g` flow) and its time is device time of that
+//! launch's step, keyed by its name under the launch and the launch's context
+//! ([`SpanKey::within`]); per step the union over each device's streams is its busy time.
+//! Activity launched outside every step, or whose launch is never found, is counted
+//! ([`DeviceTotals`]). ARCHITECTURE.md, "Device activity (Kineto)".
 
 use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
@@ -52,6 +60,20 @@ const PENDING_CAP: usize = 1 << 20;
 /// crate's unit tests, so that they reach it quickly.
 pub const RETAINED_PIECES: usize = if cfg!(test) { 1 << 10 } else { 1 << 18 };
 
+/// Links from a launch (a runtime call's `correlation`, a CPU op's `External id`, a flow's
+/// `id`) to the span that made it, kept for the device activity read later (Kineto writes the
+/// device's tracks after the CPU's); beyond this many, the oldest half (by id) is let go and
+/// counted ([`DeviceTotals::links_dropped`]).
+pub const LINK_CAP: usize = if cfg!(test) { 1 << 8 } else { 1 << 20 };
+
+/// Whether a category is device activity: Kineto's `kernel`, `gpu_memcpy`, `gpu_memset` (and
+/// the capitalised names of older versions).
+pub fn is_device_category(cat: &str) -> bool {
+    ["kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"]
+        .iter()
+        .any(|c| cat.eq_ignore_ascii_case(c))
+}
+
 /// What identifies a span: its name, category and the arguments the rules read.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct SpanKey {
@@ -61,6 +83,11 @@ pub struct SpanKey {
     pub parent: String,
     /// The arguments the rules read and `Input Dims`, as `key=value` pairs (JSON values).
     pub args: Vec<(String, String)>,
+    /// The names of the spans it is nested in on its thread that match the rules' `context`
+    /// pattern (modules, annotations, ops), outermost first; for device activity, those of the
+    /// runtime call that launched it (whose name is then `parent`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub within: Vec<String>,
 }
 
 impl SpanKey {
@@ -83,6 +110,17 @@ pub struct StepAgg {
     pub self_us: Vec<f64>,
     /// Spans attributed to this step.
     pub spans: u64,
+    /// Device microseconds per span key (the device activity a launch in this step started,
+    /// keyed by the activity's name with its launch as parent), dense; empty when the trace
+    /// holds no device activity.
+    pub device_us: Vec<f64>,
+    /// Device activities (kernels, copies, sets) launched in this step.
+    pub kernels: u64,
+    /// The union over each device's streams of those activities' intervals, summed over the
+    /// devices: the time a device was busy with this step's work.
+    pub device_busy_us: f64,
+    /// The end of this step's last device activity, when it had any.
+    pub device_end_us: Option<f64>,
 }
 
 impl StepAgg {
@@ -122,6 +160,29 @@ pub struct TraceSummary {
     pub late: u64,
     /// What the reader noticed without refusing the trace (an event array cut short).
     pub notes: Vec<String>,
+    /// Device activity read (Kineto's `kernel`, `gpu_memcpy`, `gpu_memset` events on a
+    /// device's stream tracks).
+    pub device: DeviceTotals,
+}
+
+/// Device activity of a whole trace, beside the per-step figures.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct DeviceTotals {
+    /// Device activity events read.
+    pub events: u64,
+    /// Distinct devices (pids) and streams (pid, tid) they ran on.
+    pub devices: usize,
+    pub streams: usize,
+    /// Activities whose launch lies outside every step (warm-up, loading): counted, their
+    /// device time stated, not in any step.
+    pub outside_steps: u64,
+    pub outside_steps_us: f64,
+    /// Activities whose launch was never found (no runtime call with their correlation, no
+    /// CPU op with their External id, no flow): counted, their device time stated.
+    pub unlinked: u64,
+    pub unlinked_us: f64,
+    /// Launches let go to bound memory before their activity was read (see [`LINK_CAP`]).
+    pub links_dropped: u64,
 }
 
 /// How to read a trace.
@@ -131,6 +192,10 @@ pub struct TraceOptions {
     pub step: Regex,
     /// Argument keys kept in span keys (those the rules read), besides `Input Dims`.
     pub arg_keys: Vec<String>,
+    /// Spans whose name or category matches enclose the spans nested in them as context (a
+    /// step span never does): their names are kept, outermost first, in the nested spans' keys
+    /// ([`SpanKey::within`]). `None`: no context is kept.
+    pub context: Option<Regex>,
 }
 
 /// The default step pattern: a forward pass or a profiler step.
@@ -236,7 +301,7 @@ impl<'de> Deserialize<'de> for Id {
 }
 
 /// One event as read: the fields opledger uses, and of `args` only the keys it keeps.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Event {
     name: String,
     cat: String,
@@ -247,6 +312,12 @@ struct Event {
     tid: Option<Id>,
     /// The kept arguments, as `key=value` text.
     args: Vec<(String, String)>,
+    /// `args.correlation`: a runtime call and the device activity it launched.
+    correlation: Option<i64>,
+    /// `args["External id"]`: a CPU op and the runtime calls and activity it led to.
+    external_id: Option<i64>,
+    /// The event's `id` (flow events).
+    id: Option<Id>,
 }
 
 #[derive(Deserialize)]
@@ -260,6 +331,7 @@ enum Field {
     Pid,
     Tid,
     Args,
+    Id,
     #[serde(other)]
     Other,
 }
@@ -297,6 +369,9 @@ impl<'de> Visitor<'de> for EventSeed<'_, '_> {
         ev.pid = None;
         ev.tid = None;
         ev.args.clear();
+        ev.correlation = None;
+        ev.external_id = None;
+        ev.id = None;
         while let Some(k) = map.next_key::<Field>()? {
             match k {
                 Field::Name => map.next_value_seed(StrInto(&mut ev.name))?,
@@ -309,7 +384,14 @@ impl<'de> Visitor<'de> for EventSeed<'_, '_> {
                 Field::Dur => ev.dur = map.next_value()?,
                 Field::Pid => ev.pid = map.next_value()?,
                 Field::Tid => ev.tid = map.next_value()?,
-                Field::Args => ev.args = map.next_value_seed(ArgsSeed(self.keep))?,
+                Field::Args => {
+                    ev.args = map.next_value_seed(ArgsSeed {
+                        keep: self.keep,
+                        correlation: &mut ev.correlation,
+                        external_id: &mut ev.external_id,
+                    })?
+                }
+                Field::Id => ev.id = map.next_value()?,
                 Field::Other => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -361,17 +443,30 @@ impl<'de> Deserialize<'de> for PhaseChar {
     }
 }
 
-/// `args`: `Input Dims` and the keys the rules read, as text; the rest skipped.
-struct ArgsSeed<'k>(&'k [String]);
+/// `args`: `Input Dims` and the keys the rules read, as text; `correlation` and `External id`
+/// as numbers beside them (links, never part of a span's key); the rest skipped.
+struct ArgsSeed<'k, 'e> {
+    keep: &'k [String],
+    correlation: &'e mut Option<i64>,
+    external_id: &'e mut Option<i64>,
+}
 
-impl<'de> DeserializeSeed<'de> for ArgsSeed<'_> {
+/// A link id as Kineto writes it: a number (or a string holding one).
+fn link_id(v: &serde_json::Value) -> Option<i64> {
+    v.as_i64()
+        .or_else(|| v.as_u64().map(|u| u as i64))
+        .or_else(|| v.as_f64().map(|f| f as i64))
+        .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
+}
+
+impl<'de> DeserializeSeed<'de> for ArgsSeed<'_, '_> {
     type Value = Vec<(String, String)>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for ArgsSeed<'_> {
+impl<'de> Visitor<'de> for ArgsSeed<'_, '_> {
     type Value = Vec<(String, String)>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an args object")
@@ -382,7 +477,15 @@ impl<'de> Visitor<'de> for ArgsSeed<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut kept = Vec::new();
         while let Some(k) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if k == "Input Dims" || self.0.iter().any(|w| *w == k) {
+            if k == "correlation" || k == "External id" {
+                let v: serde_json::Value = map.next_value()?;
+                let id = link_id(&v);
+                if k == "correlation" {
+                    *self.correlation = id;
+                } else {
+                    *self.external_id = id;
+                }
+            } else if k == "Input Dims" || self.keep.iter().any(|w| *w == k) {
                 let v: serde_json::Value = map.next_value()?;
                 let text = match v {
                     serde_json::Value::String(s) => s,
@@ -411,6 +514,9 @@ struct Frame {
     step: Option<usize>,
     /// This span is the step.
     is_step: bool,
+    /// The context path of the spans nested in it (its own, with its name when it is a
+    /// context span).
+    ctx: u32,
 }
 
 #[derive(Default)]
@@ -431,6 +537,74 @@ struct StepWin {
     busy: Vec<(f64, f64)>,
     /// The pieces were reduced by the busy intervals into `self_by_key`.
     finished: bool,
+    /// Device time per key of the activity this step launched.
+    device_by_key: HashMap<u32, f64>,
+    /// (device, start, end) of that activity, merged whenever it doubles.
+    device_iv: Vec<(u32, f64, f64)>,
+    /// The length of `device_iv` after its last merge.
+    device_merged: usize,
+    kernels: u64,
+    device_end: Option<f64>,
+}
+
+/// Sorts and merges per device the intervals `(device, start, end)`: what is left is disjoint
+/// per device, so the sum of its lengths is the devices' busy time.
+fn merge_per_device(iv: &mut Vec<(u32, f64, f64)>) {
+    iv.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let mut out: Vec<(u32, f64, f64)> = Vec::with_capacity(iv.len());
+    for &(d, s, e) in iv.iter() {
+        match out.last_mut() {
+            Some(last) if last.0 == d && s <= last.2 => last.2 = last.2.max(e),
+            _ => out.push((d, s, e)),
+        }
+    }
+    *iv = out;
+}
+
+/// A launch: the span that made it (its key) and that span's step.
+#[derive(Clone, Copy)]
+struct Launch {
+    key: u32,
+    step: Option<usize>,
+}
+
+/// Launches by id, bounded: past [`LINK_CAP`] entries the older half (by id) is let go.
+#[derive(Default)]
+struct Links {
+    map: HashMap<i64, Launch>,
+    newest: i64,
+    dropped: u64,
+}
+
+impl Links {
+    fn insert(&mut self, id: i64, l: Launch) {
+        self.newest = self.newest.max(id);
+        self.map.insert(id, l);
+        if self.map.len() > LINK_CAP {
+            let before = self.map.len();
+            let cut = self.newest - (LINK_CAP / 2) as i64;
+            self.map.retain(|&k, _| k > cut);
+            self.dropped += (before - self.map.len()) as u64;
+        }
+    }
+
+    fn get(&self, id: i64) -> Option<Launch> {
+        self.map.get(&id).copied()
+    }
+}
+
+/// Device activity whose launch was not yet read: linked at the end (by its correlation, its
+/// External id, or the flow that ends at its start).
+struct PendingActivity {
+    key_name: u32,
+    key_cat: u32,
+    args: Vec<(String, String)>,
+    correlation: Option<i64>,
+    external_id: Option<i64>,
+    flow: Option<i64>,
+    device: u32,
+    start: f64,
+    end: f64,
 }
 
 impl StepWin {
@@ -469,8 +643,8 @@ impl StepWin {
     }
 }
 
-/// A span key by interned ids: (name, category, parent's name, kept arguments).
-type KeyIds = (u32, u32, u32, Vec<(String, String)>);
+/// A span key by interned ids: (name, category, parent's name, context path, kept arguments).
+type KeyIds = (u32, u32, u32, u32, Vec<(String, String)>);
 
 /// The state the visitor feeds, event by event.
 struct State<'o> {
@@ -478,6 +652,15 @@ struct State<'o> {
     opts: &'o TraceOptions,
     /// Every distinct name and category, interned (id 0 is the empty string).
     strings: HashMap<String, u32>,
+    /// The interned strings by id.
+    string_list: Vec<String>,
+    /// Per key: 0 not yet asked, 1 a context span, 2 not.
+    is_context: Vec<u8>,
+    /// Context paths: (enclosing path, name id); path 0 is the empty path.
+    paths: Vec<(u32, u32)>,
+    path_ids: HashMap<(u32, u32), u32>,
+    /// Per key: its context path.
+    key_within: Vec<u32>,
     /// (name, category, parent's name, kept arguments) -> span key, looked up without building
     /// a [`SpanKey`] (no allocation for a span seen before).
     key_ids: HashMap<KeyIds, u32>,
@@ -505,6 +688,23 @@ struct State<'o> {
     skipped: u64,
     outside: u64,
     unclosed: u64,
+    /// Launches by correlation (runtime calls, flow starts) and by External id (CPU ops).
+    by_correlation: Links,
+    by_external: Links,
+    /// Device streams (pid, tid) -> (stream, device), devices by pid.
+    streams: HashMap<(Id, Id), (u32, u32)>,
+    devices: HashMap<Id, u32>,
+    last_stream: Option<((Id, Id), (u32, u32))>,
+    pending_device: Vec<PendingActivity>,
+    /// Pending activity by (stream, start bits): where a flow's end finds it.
+    pending_at: HashMap<(u32, u64), usize>,
+    device: DeviceTotals,
+    /// Device activity was read (the steps' device figures are kept).
+    any_device: bool,
+    /// Spans clipped at a step's boundary they crossed (see [`State::begin`]).
+    clipped: u64,
+    /// Events held to be sorted by start before they are read ([`read_chrome_sorted`]).
+    buffer: Option<Vec<Event>>,
     error: Option<TraceError>,
     /// Where the reader is in the event array, to tell a file cut between events from one cut
     /// inside an event.
@@ -531,35 +731,96 @@ impl<'o> State<'o> {
         }
         let id = self.strings.len() as u32;
         self.strings.insert(s.to_string(), id);
+        self.string_list.push(s.to_string());
         id
+    }
+
+    /// Whether spans of key `key` are context for the spans nested in them: the context
+    /// pattern matches their name or their category.
+    fn context_key(&mut self, key: u32) -> bool {
+        let Some(re) = &self.opts.context else {
+            return false;
+        };
+        let i = key as usize;
+        if self.is_context.len() <= i {
+            self.is_context.resize(i + 1, 0);
+        }
+        if self.is_context[i] == 0 {
+            let k = &self.keys[i];
+            self.is_context[i] = if re.is_match(&k.name) || re.is_match(&k.cat) {
+                1
+            } else {
+                2
+            };
+        }
+        self.is_context[i] == 1
+    }
+
+    /// The path `within` extended by the name `name`.
+    fn path(&mut self, within: u32, name: u32) -> u32 {
+        if let Some(&p) = self.path_ids.get(&(within, name)) {
+            return p;
+        }
+        let p = self.paths.len() as u32;
+        self.paths.push((within, name));
+        self.path_ids.insert((within, name), p);
+        p
+    }
+
+    /// The names of a context path, outermost first.
+    fn path_names(&self, mut p: u32) -> Vec<String> {
+        let mut out = Vec::new();
+        while p != 0 {
+            let (up, name) = self.paths[p as usize];
+            out.push(self.string_list[name as usize].clone());
+            p = up;
+        }
+        out.reverse();
+        out
     }
 
     fn key_of(&mut self, ev: &mut Event, tid: usize, ts: f64) -> u32 {
         self.close_until(tid, ts);
-        let parent = self.threads[tid]
-            .stack
-            .last()
-            .map(|f| (self.key_name[f.key as usize], f.key));
+        let (parent, within) = match self.threads[tid].stack.last() {
+            Some(f) => (Some(f.key), f.ctx),
+            None => (None, 0),
+        };
         let name = self.intern(&ev.name);
         let cat = self.intern(&ev.cat);
+        let args = std::mem::take(&mut ev.args);
+        self.key(name, cat, parent, within, args)
+    }
+
+    /// The key of (name, category, parent key, context path, kept arguments), added when new.
+    fn key(
+        &mut self,
+        name: u32,
+        cat: u32,
+        parent: Option<u32>,
+        within: u32,
+        args: Vec<(String, String)>,
+    ) -> u32 {
         // kept arguments are rare (only keys the rules read): an empty list allocates nothing
         let lookup = (
             name,
             cat,
-            parent.map_or(0, |p| p.0),
-            std::mem::take(&mut ev.args),
+            parent.map_or(0, |p| self.key_name[p as usize]),
+            within,
+            args,
         );
         if let Some(&id) = self.key_ids.get(&lookup) {
             return id;
         }
         let id = self.keys.len() as u32;
         self.keys.push(SpanKey {
-            name: ev.name.clone(),
-            cat: ev.cat.clone(),
-            parent: parent.map_or(String::new(), |p| self.keys[p.1 as usize].name.clone()),
-            args: lookup.3.clone(),
+            name: self.string_list[name as usize].clone(),
+            cat: self.string_list[cat as usize].clone(),
+            parent: parent.map_or(String::new(), |p| self.keys[p as usize].name.clone()),
+            args: lookup.4.clone(),
+            within: self.path_names(within),
         });
         self.key_name.push(name);
+        self.key_within.push(within);
         self.name_counts.push(0);
         self.key_ids.insert(lookup, id);
         id
@@ -592,6 +853,15 @@ impl<'o> State<'o> {
         let ph = ev.ph;
         if !matches!(ph, b'X' | b'B' | b'E') {
             self.skipped += 1;
+            if matches!(ph, b's' | b'f') && ev.cat == "ac2g" {
+                self.flow(ev);
+            }
+            return Ok(());
+        }
+        if ev.cat.eq_ignore_ascii_case("gpu_user_annotation") {
+            // an annotation's extent on a device's track: the activity under it is read
+            // itself, with the annotation around its launch
+            self.skipped += 1;
             return Ok(());
         }
         let file = &self.file;
@@ -614,6 +884,10 @@ impl<'o> State<'o> {
             }
             _ => (ts, 0.0),
         };
+        if ph == b'X' && is_device_category(&ev.cat) {
+            self.device_activity(ev, ts, dur);
+            return Ok(());
+        }
         let tid = self.thread((
             ev.pid.take().unwrap_or(Id::Num(0)),
             ev.tid.take().unwrap_or(Id::Num(0)),
@@ -621,13 +895,169 @@ impl<'o> State<'o> {
         match ph {
             b'X' => {
                 let key = self.key_of(ev, tid, ts);
-                self.begin(tid, key, ts, Some(ts + dur))
+                self.begin(tid, key, ts, Some(ts + dur))?;
+                self.register_launch(tid, ev);
+                Ok(())
             }
             b'B' => {
                 let key = self.key_of(ev, tid, ts);
-                self.begin(tid, key, ts, None)
+                self.begin(tid, key, ts, None)?;
+                self.register_launch(tid, ev);
+                Ok(())
             }
             _ => self.end(tid, &ev.name, ts),
+        }
+    }
+
+    /// A span just opened on `tid` that carries a `correlation` (a runtime call) or an
+    /// `External id` (a CPU op): the device activity with that id was launched by it.
+    fn register_launch(&mut self, tid: usize, ev: &Event) {
+        if ev.correlation.is_none() && ev.external_id.is_none() {
+            return;
+        }
+        let Some(f) = self.threads[tid].stack.last() else {
+            return;
+        };
+        let (key, start, step) = (f.key, f.start, f.step);
+        let launch = Launch {
+            key,
+            step: step.or_else(|| self.window_of(start)),
+        };
+        if let Some(c) = ev.correlation {
+            self.by_correlation.insert(c, launch);
+        }
+        if let Some(e) = ev.external_id {
+            self.by_external.insert(e, launch);
+        }
+    }
+
+    /// A flow event of Kineto's `ac2g` (a launch to its device activity): its start (`s`) on
+    /// a CPU thread names the innermost open span there as the launch of flow `id`, unless a
+    /// runtime call already did with that correlation; its end (`f`) at the start of a device
+    /// activity still waiting for its launch gives that activity the flow's id.
+    fn flow(&mut self, ev: &mut Event) {
+        let (Some(ts), Some(id)) = (ev.ts, ev.id.as_ref()) else {
+            return;
+        };
+        let id = match id {
+            Id::Num(n) => *n,
+            Id::Str(s) => match s.trim().parse() {
+                Ok(n) => n,
+                Err(_) => return,
+            },
+        };
+        let pid = ev.pid.take().unwrap_or(Id::Num(0));
+        let tid = ev.tid.take().unwrap_or(Id::Num(0));
+        if ev.ph == b's' {
+            if self.by_correlation.get(id).is_some() {
+                return;
+            }
+            let Some(&t) = self.thread_ids.get(&(pid, tid)) else {
+                return;
+            };
+            self.close_until(t, ts);
+            let Some(f) = self.threads[t].stack.last() else {
+                return;
+            };
+            let (key, start, step) = (f.key, f.start, f.step);
+            let launch = Launch {
+                key,
+                step: step.or_else(|| self.window_of(start)),
+            };
+            self.by_correlation.insert(id, launch);
+        } else if let Some(&(stream, _)) = self.streams.get(&(pid, tid)) {
+            if let Some(&i) = self.pending_at.get(&(stream, ts.to_bits())) {
+                self.pending_device[i].flow = Some(id);
+            }
+        }
+    }
+
+    /// The (stream, device) indices of a device track.
+    fn stream(&mut self, pid: Id, tid: Id) -> (u32, u32) {
+        if let Some((k, v)) = &self.last_stream {
+            if k.0 == pid && k.1 == tid {
+                return *v;
+            }
+        }
+        let n = self.devices.len() as u32;
+        let device = *self.devices.entry(pid.clone()).or_insert(n);
+        let n = self.streams.len() as u32;
+        let v = *self
+            .streams
+            .entry((pid.clone(), tid.clone()))
+            .or_insert((n, device));
+        self.last_stream = Some(((pid, tid), v));
+        v
+    }
+
+    /// A kernel, copy or set on a device's stream: its time goes to the step of the span that
+    /// launched it, keyed by its name under that span (the rules read the launch's context).
+    fn device_activity(&mut self, ev: &mut Event, ts: f64, dur: f64) {
+        self.device.events += 1;
+        self.any_device = true;
+        let (stream, device) = self.stream(
+            ev.pid.take().unwrap_or(Id::Num(0)),
+            ev.tid.take().unwrap_or(Id::Num(0)),
+        );
+        let name = self.intern(&ev.name);
+        let cat = self.intern(&ev.cat);
+        let args = std::mem::take(&mut ev.args);
+        let launch = ev
+            .correlation
+            .and_then(|c| self.by_correlation.get(c))
+            .or_else(|| ev.external_id.and_then(|e| self.by_external.get(e)));
+        match launch {
+            Some(l) => self.attribute(l, name, cat, args, device, ts, ts + dur),
+            None if self.pending_device.len() < PENDING_CAP => {
+                self.pending_at
+                    .insert((stream, ts.to_bits()), self.pending_device.len());
+                self.pending_device.push(PendingActivity {
+                    key_name: name,
+                    key_cat: cat,
+                    args,
+                    correlation: ev.correlation,
+                    external_id: ev.external_id,
+                    flow: None,
+                    device,
+                    start: ts,
+                    end: ts + dur,
+                });
+            }
+            None => {
+                self.device.unlinked += 1;
+                self.device.unlinked_us += dur;
+            }
+        }
+    }
+
+    /// Device activity `name` of `launch`, on `device` from `start` to `end`.
+    #[allow(clippy::too_many_arguments)]
+    fn attribute(
+        &mut self,
+        launch: Launch,
+        name: u32,
+        cat: u32,
+        args: Vec<(String, String)>,
+        device: u32,
+        start: f64,
+        end: f64,
+    ) {
+        let Some(step) = launch.step else {
+            self.device.outside_steps += 1;
+            self.device.outside_steps_us += end - start;
+            return;
+        };
+        let within = self.key_within[launch.key as usize];
+        let key = self.key(name, cat, Some(launch.key), within, args);
+        self.name_counts[key as usize] += 1;
+        let w = &mut self.steps[step];
+        *w.device_by_key.entry(key).or_default() += end - start;
+        w.kernels += 1;
+        w.device_end = Some(w.device_end.map_or(end, |e| e.max(end)));
+        w.device_iv.push((device, start, end));
+        if w.device_iv.len() >= 2 * w.device_merged.max(1024) {
+            merge_per_device(&mut w.device_iv);
+            w.device_merged = w.device_iv.len();
         }
     }
 
@@ -681,8 +1111,40 @@ impl<'o> State<'o> {
         }
         th.last_start = th.last_start.max(s);
         self.close_until(tid, s);
-        let th = &mut self.threads[tid];
-        let parent_step = th.stack.last().and_then(|f| f.step);
+        let mut end = end;
+        let parent_step = self.threads[tid].stack.last().and_then(|f| f.step);
+        let opens_step =
+            parent_step.is_none() && self.opts.step.is_match(&self.keys[key as usize].name);
+        if let Some(e) = end {
+            if let Some(step_end) = parent_step.and_then(|p| self.steps[p].end) {
+                // a span that starts in a step and would outlive it (the profiler's own Python
+                // frame that closes the step annotation) ends with the step
+                if e > step_end + EPS {
+                    end = Some(step_end.max(s));
+                    self.clipped += 1;
+                }
+            } else if opens_step {
+                // a step annotation opened inside spans that end inside it (the profiler's own
+                // Python frames that open it): they end where the step starts
+                loop {
+                    let th = &mut self.threads[tid];
+                    match th.stack.last() {
+                        Some(Frame {
+                            end: Some(te),
+                            is_step: false,
+                            ..
+                        }) if *te + EPS < e => {
+                            let mut f = th.stack.pop().expect("non-empty");
+                            f.end = Some(s.max(f.start));
+                            self.clipped += 1;
+                            self.finish(tid, f);
+                        }
+                        _ => break,
+                    }
+                }
+            }
+        }
+        let parent_ctx = self.threads[tid].stack.last().map_or(0, |f| f.ctx);
         if let (Some(top), Some(e)) = (self.threads[tid].stack.last(), end) {
             if top.end.is_some_and(|te| e > te + EPS) {
                 return Err(self.overlap(tid, top, key, s, e));
@@ -691,7 +1153,7 @@ impl<'o> State<'o> {
         let mut is_step = false;
         let step = match parent_step {
             Some(p) => Some(p),
-            None if self.opts.step.is_match(&self.keys[key as usize].name) => {
+            None if opens_step => {
                 self.steps.push(StepWin {
                     name: self.keys[key as usize].name.clone(),
                     start: s,
@@ -701,11 +1163,22 @@ impl<'o> State<'o> {
                     pieces: Vec::new(),
                     busy: Vec::new(),
                     finished: false,
+                    device_by_key: HashMap::default(),
+                    device_iv: Vec::new(),
+                    device_merged: 0,
+                    kernels: 0,
+                    device_end: None,
                 });
                 is_step = true;
                 Some(self.steps.len() - 1)
             }
             None => None,
+        };
+        // the step itself is no context: its name differs from step to step
+        let ctx = if !is_step && self.context_key(key) {
+            self.path(parent_ctx, self.key_name[key as usize])
+        } else {
+            parent_ctx
         };
         let th = &mut self.threads[tid];
         th.stack.push(Frame {
@@ -716,6 +1189,7 @@ impl<'o> State<'o> {
             cursor: s,
             step,
             is_step,
+            ctx,
         });
         Ok(())
     }
@@ -746,6 +1220,7 @@ impl<'o> State<'o> {
                 cursor: outer.start,
                 step: None,
                 is_step: false,
+                ctx: 0,
             };
             return Err(self.overlap(tid, &outer, k, s, te));
         }
@@ -894,6 +1369,24 @@ impl<'o> State<'o> {
                 None => self.outside += 1,
             }
         }
+        let pending = std::mem::take(&mut self.pending_device);
+        self.pending_at.clear();
+        for p in pending {
+            let launch = p
+                .correlation
+                .and_then(|c| self.by_correlation.get(c))
+                .or_else(|| p.external_id.and_then(|e| self.by_external.get(e)))
+                .or_else(|| p.flow.and_then(|f| self.by_correlation.get(f)));
+            match launch {
+                Some(l) => {
+                    self.attribute(l, p.key_name, p.key_cat, p.args, p.device, p.start, p.end)
+                }
+                None => {
+                    self.device.unlinked += 1;
+                    self.device.unlinked_us += p.end - p.start;
+                }
+            }
+        }
         let closed: Vec<StepWin> = std::mem::take(&mut self.steps)
             .into_iter()
             .filter(|w| w.end.is_some())
@@ -930,22 +1423,39 @@ impl<'o> State<'o> {
             });
         }
         let n = self.keys.len();
+        let any_device = self.any_device;
         let steps = closed
             .into_iter()
-            .map(|w| {
+            .map(|mut w| {
                 let mut self_us = vec![0.0; n];
                 for (k, v) in w.self_by_key {
                     self_us[k as usize] = v * unit_scale;
                 }
+                let mut device_us = if any_device { vec![0.0; n] } else { Vec::new() };
+                for (k, v) in w.device_by_key {
+                    device_us[k as usize] = v * unit_scale;
+                }
+                merge_per_device(&mut w.device_iv);
+                let busy: f64 = w.device_iv.iter().map(|(_, s, e)| e - s).sum();
                 StepAgg {
                     name: w.name,
                     start_us: w.start * unit_scale,
                     wall_us: (w.end.expect("closed") - w.start) * unit_scale,
                     self_us,
                     spans: w.spans,
+                    device_us,
+                    kernels: w.kernels,
+                    device_busy_us: busy * unit_scale,
+                    device_end_us: w.device_end.map(|e| e * unit_scale),
                 }
             })
             .collect();
+        let mut device = self.device.clone();
+        device.devices = self.devices.len();
+        device.streams = self.streams.len();
+        device.outside_steps_us *= unit_scale;
+        device.unlinked_us *= unit_scale;
+        device.links_dropped = self.by_correlation.dropped + self.by_external.dropped;
         Ok(TraceSummary {
             keys: self.keys,
             steps,
@@ -958,6 +1468,7 @@ impl<'o> State<'o> {
             time_unit: unit.to_string(),
             late: self.late,
             notes: Vec::new(),
+            device,
         })
     }
 }
@@ -998,6 +1509,10 @@ impl<'de> Visitor<'de> for Events<'_, '_> {
                     }
                     return Err(e);
                 }
+            }
+            if let Some(buffer) = &mut self.0.buffer {
+                buffer.push(ev.clone());
+                continue;
             }
             if let Err(e) = self.0.event(&mut ev) {
                 self.0.error = Some(e);
@@ -1048,10 +1563,37 @@ pub fn read_chrome<R: Read>(
     file: &str,
     opts: &TraceOptions,
 ) -> Result<TraceSummary, TraceError> {
+    read(reader, file, opts, false)
+}
+
+/// Reads a Chrome trace whose events of a thread are not in the order they start (Kineto writes
+/// a thread's CPU ops, then its Python calls, each in order): every event is held, sorted by
+/// start (the longer first at one instant, so a parent comes before its child; the file's order
+/// otherwise), then read as [`read_chrome`] reads. Memory grows with the events, not only with
+/// the distinct spans; the summary carries a note saying so.
+pub fn read_chrome_sorted<R: Read>(
+    reader: R,
+    file: &str,
+    opts: &TraceOptions,
+) -> Result<TraceSummary, TraceError> {
+    read(reader, file, opts, true)
+}
+
+fn read<R: Read>(
+    reader: R,
+    file: &str,
+    opts: &TraceOptions,
+    sort: bool,
+) -> Result<TraceSummary, TraceError> {
     let mut state = State {
         file: file.to_string(),
         opts,
         strings: HashMap::from_iter([(String::new(), 0)]),
+        string_list: vec![String::new()],
+        is_context: Vec::new(),
+        paths: vec![(0, 0)],
+        path_ids: HashMap::default(),
+        key_within: Vec::new(),
         key_ids: HashMap::default(),
         key_name: Vec::new(),
         keys: Vec::new(),
@@ -1070,6 +1612,17 @@ pub fn read_chrome<R: Read>(
         skipped: 0,
         outside: 0,
         unclosed: 0,
+        by_correlation: Links::default(),
+        by_external: Links::default(),
+        streams: HashMap::default(),
+        devices: HashMap::default(),
+        last_stream: None,
+        pending_device: Vec::new(),
+        pending_at: HashMap::default(),
+        device: DeviceTotals::default(),
+        any_device: false,
+        clipped: 0,
+        buffer: sort.then(Vec::new),
         error: None,
         cut: Cut::Before,
     };
@@ -1089,6 +1642,10 @@ pub fn read_chrome<R: Read>(
         source,
     };
     let mut notes = Vec::new();
+    // events read so far (held, when sorting)
+    state.events = state
+        .events
+        .max(state.buffer.as_ref().map_or(0, |b| b.len() as u64));
     match result {
         Ok(()) => de.end().map_err(json)?,
         Err(e) if e.is_data() && !found => {
@@ -1124,7 +1681,33 @@ pub fn read_chrome<R: Read>(
         Some("ns") => (1e-3, "ns"),
         _ => (1.0, "us"),
     };
+    if let Some(mut buffer) = state.buffer.take() {
+        let held = buffer.len();
+        // by start; at one instant the longer span first (a parent before its child); events
+        // without a start (metadata) first; the file's order otherwise (a stable sort)
+        buffer.sort_by(|a, b| {
+            let ka = (a.ts.unwrap_or(f64::NEG_INFINITY), -a.dur.unwrap_or(0.0));
+            let kb = (b.ts.unwrap_or(f64::NEG_INFINITY), -b.dur.unwrap_or(0.0));
+            ka.0.total_cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+        });
+        state.events = 0;
+        for mut ev in buffer {
+            state.event(&mut ev)?;
+        }
+        notes.push(format!(
+            "{file}: the events of a thread are not in the order they start (Kineto writes a \
+             thread's CPU ops, then its Python calls): all {held} events were held and sorted \
+             by start before being read, so memory grew with the trace"
+        ));
+    }
+    let clipped = state.clipped;
     let mut summary = state.into_summary(scale, name)?;
+    if clipped > 0 {
+        notes.push(format!(
+            "{file}: {clipped} spans crossed a step's boundary (the Python frames of the \
+             profiler's own calls that open and close its step annotation): clipped at it"
+        ));
+    }
     summary.notes = notes;
     Ok(summary)
 }
@@ -1137,6 +1720,7 @@ mod tests {
         TraceOptions {
             step: Regex::new(step).unwrap(),
             arg_keys: vec![],
+            context: None,
         }
     }
 
@@ -1328,6 +1912,9 @@ mod tests {
         assert_eq!(self_of(&s, last, "forward"), 5.0);
     }
 
+    /// A track without a device category (a stream a tracer writes as plain spans) is another
+    /// thread: its time is taken from the step's thread where it ran. Kineto's `kernel`
+    /// events are device activity instead (`device_activity_takes_nothing_from_the_host`).
     #[test]
     fn a_gpu_stream_overlapping_the_launching_thread_raises_concurrency() {
         // step 0..40 on the CPU thread: launch 0..10 (a child), then it waits in `sync`
@@ -1356,6 +1943,140 @@ mod tests {
         assert_eq!(self_of(&s, 0, "forward"), 10.0);
         assert_eq!(self_of(&s, 0, "kernel"), 60.0);
         assert_eq!(s.steps[0].concurrency(), 70.0 / 40.0);
+    }
+
+    #[test]
+    fn profiler_frames_crossing_a_step_are_clipped_at_its_boundary() {
+        // what torch.profiler writes around ProfilerStep#N with Python stacks: the frame that
+        // opens the annotation (enter 1..12) holds the step's start (10) and ends inside it;
+        // the frame that closes it (step 95..105) and its child (exit 96..102) start inside
+        // it and end after it (100). enter ends at 10 (self 9, outside the step), step and
+        // exit end at 100: exit 96..100 = 4, step 5 - 4 = 1; the step 90 - op 30 - step 5 =
+        // 55; in the step 55 + 30 + 1 + 4 = 90 = its wall
+        let t = r#"[
+          {"ph":"X","name":"main","ts":0,"dur":200,"pid":1,"tid":1},
+          {"ph":"X","name":"enter","ts":1,"dur":11,"pid":1,"tid":1},
+          {"ph":"X","name":"ProfilerStep#0","ts":10,"dur":90,"pid":1,"tid":1},
+          {"ph":"X","name":"op","ts":20,"dur":30,"pid":1,"tid":1},
+          {"ph":"X","name":"step","ts":95,"dur":10,"pid":1,"tid":1},
+          {"ph":"X","name":"exit","ts":96,"dur":6,"pid":1,"tid":1}
+        ]"#;
+        let s = read(t, DEFAULT_STEP_PATTERN).unwrap();
+        assert_eq!(s.steps.len(), 1);
+        assert_eq!(s.steps[0].wall_us, 90.0);
+        assert_eq!(self_of(&s, 0, "ProfilerStep#0"), 55.0);
+        assert_eq!(self_of(&s, 0, "op"), 30.0);
+        assert_eq!(self_of(&s, 0, "step"), 1.0);
+        assert_eq!(self_of(&s, 0, "exit"), 4.0);
+        assert_eq!(self_of(&s, 0, "enter"), 0.0);
+        assert_eq!(s.steps[0].concurrency(), 1.0);
+        assert_eq!(s.outside_steps, 2, "main and enter");
+        assert_eq!(s.notes.len(), 1);
+        assert!(
+            s.notes[0].contains("3 spans crossed a step's boundary"),
+            "{}",
+            s.notes[0]
+        );
+        // spans crossing without a step are still refused
+        let t = t.replace("ProfilerStep#0", "forward");
+        assert!(matches!(
+            read(&t, "^nothing$").unwrap_err(),
+            TraceError::Overlap { .. }
+        ));
+    }
+
+    #[test]
+    fn a_thread_written_in_two_sorted_runs_is_read_sorted_with_a_note() {
+        // Kineto's order: a thread's CPU ops, then its Python calls, each run in start order
+        let t = r#"{"traceEvents":[
+          {"ph":"X","cat":"user_annotation","name":"ProfilerStep#1","ts":0,"dur":100,"pid":1,"tid":1},
+          {"ph":"X","cat":"cpu_op","name":"aten::linear","ts":20,"dur":30,"pid":1,"tid":1},
+          {"ph":"X","cat":"cpu_op","name":"aten::mm","ts":20,"dur":25,"pid":1,"tid":1},
+          {"ph":"X","cat":"python_function","name":"nn.Module: Linear_0","ts":10,"dur":50,"pid":1,"tid":1},
+          {"ph":"X","cat":"python_function","name":"torch/nn/modules/linear.py(125): forward","ts":15,"dur":40,"pid":1,"tid":1}
+        ]}"#;
+        let mut o = opts(DEFAULT_STEP_PATTERN);
+        o.context = Some(Regex::new("^(nn\\.Module: |cpu_op$)").unwrap());
+        let e = read_chrome(t.as_bytes(), "t.json", &o).unwrap_err();
+        assert!(matches!(e, TraceError::OutOfOrder { .. }), "{e}");
+        let s = read_chrome_sorted(t.as_bytes(), "t.json", &o).unwrap();
+        // Linear_0 50 - forward 40 = 10; forward 40 - aten::linear 30 = 10; aten::linear
+        // 30 - 25 = 5; aten::mm 25; the step 100 - 50 = 50
+        assert_eq!(self_of(&s, 0, "nn.Module: Linear_0"), 10.0);
+        assert_eq!(
+            self_of(&s, 0, "torch/nn/modules/linear.py(125): forward"),
+            10.0
+        );
+        assert_eq!(self_of(&s, 0, "aten::linear"), 5.0);
+        assert_eq!(self_of(&s, 0, "aten::mm"), 25.0);
+        assert_eq!(self_of(&s, 0, "ProfilerStep#1"), 50.0);
+        let mm = s.keys.iter().find(|k| k.name == "aten::mm").unwrap();
+        assert_eq!(mm.within, ["nn.Module: Linear_0", "aten::linear"]);
+        assert_eq!(mm.parent, "aten::linear");
+        assert_eq!(s.events, 5);
+        assert!(
+            s.notes[0].contains("all 5 events were held and sorted"),
+            "{:?}",
+            s.notes
+        );
+    }
+
+    #[test]
+    fn device_activity_takes_nothing_from_the_host() {
+        // the same shape as Kineto writes it: the kernel is `cat: kernel`, launched by the
+        // runtime call of correlation 5. The CPU thread keeps its 40 (launch 10, sync 30); the
+        // kernel's 30 is device time of the step, keyed under its launch
+        let t = r#"[
+          {"ph":"X","name":"forward","ts":0,"dur":40,"pid":1,"tid":1},
+          {"ph":"X","cat":"cuda_runtime","name":"launch","ts":0,"dur":10,"pid":1,"tid":1,"args":{"correlation":5}},
+          {"ph":"X","name":"sync","ts":10,"dur":30,"pid":1,"tid":1},
+          {"ph":"X","cat":"kernel","name":"kernel","ts":5,"dur":30,"pid":0,"tid":7,"args":{"correlation":5}}
+        ]"#;
+        let s = read(t, "^forward$").unwrap();
+        assert_eq!(self_of(&s, 0, "launch"), 10.0);
+        assert_eq!(self_of(&s, 0, "sync"), 30.0);
+        assert_eq!(self_of(&s, 0, "forward"), 0.0);
+        assert_eq!(self_of(&s, 0, "kernel"), 0.0);
+        assert_eq!(s.steps[0].concurrency(), 1.0);
+        let k = s.keys.iter().position(|k| k.name == "kernel").unwrap();
+        assert_eq!(s.keys[k].parent, "launch");
+        assert_eq!(s.steps[0].device_us[k], 30.0);
+        assert_eq!(s.steps[0].device_busy_us, 30.0);
+        assert_eq!(s.threads, 1, "a device stream is no host thread");
+        assert_eq!((s.device.events, s.device.streams), (1, 1));
+    }
+
+    #[test]
+    fn launches_past_the_cap_are_let_go_oldest_first_and_counted() {
+        // LINK_CAP + 10 launches in one step, then their kernels: the oldest half is let go
+        // once the cap is passed, and their kernels are counted unlinked, not dropped
+        let n = LINK_CAP + 10;
+        let mut t = format!(
+            r#"[{{"ph":"X","name":"forward","ts":0,"dur":{},"pid":1,"tid":1}}"#,
+            n * 10 + 10
+        );
+        for i in 0..n {
+            t.push_str(&format!(
+                r#",{{"ph":"X","cat":"cuda_runtime","name":"launch","ts":{},"dur":1,"pid":1,"tid":1,"args":{{"correlation":{}}}}}"#,
+                i * 10 + 1,
+                i + 1
+            ));
+        }
+        for i in 0..n {
+            t.push_str(&format!(
+                r#",{{"ph":"X","cat":"kernel","name":"k","ts":{},"dur":2,"pid":0,"tid":7,"args":{{"correlation":{}}}}}"#,
+                i * 10 + 5,
+                i + 1
+            ));
+        }
+        t.push(']');
+        let s = read(&t, "^forward$").unwrap();
+        // at LINK_CAP + 1 entries, those with id <= (LINK_CAP + 1) - LINK_CAP / 2 go
+        let dropped = (LINK_CAP + 1 - LINK_CAP / 2) as u64;
+        assert_eq!(s.device.links_dropped, dropped);
+        assert_eq!(s.device.unlinked, dropped);
+        assert_eq!(s.device.unlinked_us, 2.0 * dropped as f64);
+        assert_eq!(s.steps[0].kernels, n as u64 - dropped);
     }
 
     #[test]

