@@ -94,8 +94,13 @@ pub fn run(
         let mut replay_result = None;
         if let Some(rc) = &req.replay {
             match engine.replayer() {
-                Err(EngineError::Lacks { .. }) => {
-                    notes.push(format!("{name}: no in-graph replay (the engine has none)"));
+                Err(EngineError::Lacks { why, .. }) => {
+                    let note = format!(
+                        "{name}: no in-graph replay ({})",
+                        why.as_deref().unwrap_or("the engine has none")
+                    );
+                    ui.note(&note);
+                    notes.push(note);
                 }
                 Err(e) => return Err(e.into()),
                 Ok(replayer) => {
@@ -125,7 +130,9 @@ pub fn run(
                             replay_result = Some(r);
                         }
                         Err(EngineError::Unsupported { what, why }) => {
-                            notes.push(format!("{name}: no {what} ({why})"));
+                            let note = format!("{name}: no {what} ({why})");
+                            ui.note(&note);
+                            notes.push(note);
                         }
                         Err(e) => return Err(e).with_context(|| format!("replaying on {name}")),
                     }
