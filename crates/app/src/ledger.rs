@@ -109,6 +109,14 @@ pub fn run(
                     let a = Categoriser::new(rules, &file.arch).categorise(&graph);
                     // the bands this engine's graph holds (a generic rule set names more)
                     let band_names = rules.bands_in(&a);
+                    // what one replay of each band should cost: its time in one run of the
+                    // profile, from which the replay plans what it can measure
+                    let tokens = cfg.work.tokens_per_run() as f64;
+                    let expected: BTreeMap<String, f64> = side
+                        .ms_per_token
+                        .iter()
+                        .map(|(b, ms)| (b.clone(), ms * tokens))
+                        .collect();
                     match measure_replay(
                         replayer,
                         &graph,
@@ -116,8 +124,9 @@ pub fn run(
                         &band_names,
                         cfg.work.tokens_per_run(),
                         rc,
-                        &mut |done, total, _| {
-                            ui.progress(done as u64, total as u64, &format!("{name}: replay"))
+                        &expected,
+                        &mut |done, total, what| {
+                            ui.progress(done as u64, total as u64, &format!("{name}: {what}"))
                         },
                     ) {
                         Ok(mut r) => {

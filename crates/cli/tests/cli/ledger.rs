@@ -311,3 +311,45 @@ fn candle_refuses_replay_by_capability_and_says_why_instead_of_failing_its_valid
     let a_failed = r["replay_a"]["reliable"] == false;
     assert_eq!(code, Some(if a_failed { 3 } else { 0 }), "{stderr}");
 }
+
+#[test]
+fn work_too_small_to_replay_is_found_before_measuring_not_after_the_table() {
+    // the tiny qwen3moe's 64-token chunk: llama.cpp's bands take tens of µs each; the probe's
+    // noise decides before any cycle what k and scale each can be measured at, skips a band or
+    // the whole replay with its figures, and never ends in a failed validation for want of work
+    let _machine = crate::machine::alone();
+    let (r, stderr, code) = tiny_ledger(&["-p", "64", "-r", "1"]);
+    let notes = r["notes"].to_string();
+    let rr = &r["replay_b"];
+    if rr.is_null() {
+        assert!(
+            notes.contains(
+                "llama.cpp: no in-graph replay of this work (too small to replay measurably against this machine's noise: "
+            ),
+            "{notes}"
+        );
+    } else {
+        assert_eq!(rr["reliable"], true, "{}", rr["checks"]);
+        let noise = rr["noise_ms"].as_f64().unwrap();
+        assert!(noise >= 0.0 && rr["scale"].as_u64().unwrap() >= 1);
+        for s in rr["skipped"].as_array().unwrap() {
+            let reason = s["reason"].as_str().unwrap();
+            assert!(reason.contains("against noise of"), "{reason}");
+        }
+        eprintln!(
+            "noise {noise:.3} ms, scale {}, k per band {}, skipped {}, replay-all / baseline {:.3}, sum / reference {:.3}",
+            rr["scale"],
+            rr["bands"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| format!("{} {}", b["band"], b["k"]))
+                .collect::<Vec<_>>()
+                .join(", "),
+            rr["skipped"],
+            rr["replay_all_over_baseline"],
+            rr["sum_over_replay_all"]
+        );
+    }
+    assert_eq!(code, Some(0), "{stderr}");
+}
