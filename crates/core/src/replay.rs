@@ -230,9 +230,9 @@ pub struct BandPrior {
 pub struct ProbeNoise {
     /// The baselines' max - min, ms: the noise on one increment.
     pub baseline_spread_ms: f64,
-    /// The per-round launch cost's max - min over the probe, ms (0 where replays pay no
-    /// rounds): a node replayed in r rounds carries r x this of uncertainty once its launches
-    /// are removed.
+    /// What the per-round launch cost removed may be off by, ms: half its max - min over the
+    /// probe (0 where replays pay no rounds); a node replayed in r rounds carries r x this of
+    /// uncertainty once its launches are removed.
     pub round_spread_ms: f64,
 }
 
@@ -599,7 +599,9 @@ impl Setup {
         let probe_round_ms = med(&probe_round);
         let noise = ProbeNoise {
             baseline_spread_ms: spread_of(&probe_base).max(noise_floor),
-            round_spread_ms: spread_of(&probe_round),
+            // the launches removed are the median of the cycles' round costs, which lies within
+            // their range: half the probe's range is what a round removed may be off by
+            round_spread_ms: spread_of(&probe_round) / 2.0,
         };
         let priors: Vec<BandPrior> = self
             .present
