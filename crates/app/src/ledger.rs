@@ -94,8 +94,13 @@ pub fn run(
         let mut replay_result = None;
         if let Some(rc) = &req.replay {
             match engine.replayer() {
-                Err(EngineError::Lacks { .. }) => {
-                    notes.push(format!("{name}: no in-graph replay (the engine has none)"));
+                Err(EngineError::Lacks { why, .. }) => {
+                    let note = format!(
+                        "{name}: no in-graph replay ({})",
+                        why.as_deref().unwrap_or("the engine has none")
+                    );
+                    ui.note(&note);
+                    notes.push(note);
                 }
                 Err(e) => return Err(e.into()),
                 Ok(replayer) => {
@@ -104,6 +109,14 @@ pub fn run(
                     let a = Categoriser::new(rules, &file.arch).categorise(&graph);
                     // the bands this engine's graph holds (a generic rule set names more)
                     let band_names = rules.bands_in(&a);
+                    // what one replay of each band should cost: its time in one run of the
+                    // profile, from which the replay plans what it can measure
+                    let tokens = cfg.work.tokens_per_run() as f64;
+                    let expected: BTreeMap<String, f64> = side
+                        .ms_per_token
+                        .iter()
+                        .map(|(b, ms)| (b.clone(), ms * tokens))
+                        .collect();
                     match measure_replay(
                         replayer,
                         &graph,
@@ -111,8 +124,9 @@ pub fn run(
                         &band_names,
                         cfg.work.tokens_per_run(),
                         rc,
-                        &mut |done, total, _| {
-                            ui.progress(done as u64, total as u64, &format!("{name}: replay"))
+                        &expected,
+                        &mut |done, total, what| {
+                            ui.progress(done as u64, total as u64, &format!("{name}: {what}"))
                         },
                     ) {
                         Ok(mut r) => {
@@ -125,7 +139,9 @@ pub fn run(
                             replay_result = Some(r);
                         }
                         Err(EngineError::Unsupported { what, why }) => {
-                            notes.push(format!("{name}: no {what} ({why})"));
+                            let note = format!("{name}: no {what} ({why})");
+                            ui.note(&note);
+                            notes.push(note);
                         }
                         Err(e) => return Err(e).with_context(|| format!("replaying on {name}")),
                     }

@@ -6,9 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use opledger_core::engine::{
-    Capability, ChunkTiming, Engine, EngineError, EngineInfo, Mode, ReplayEngine, Work,
-};
+use opledger_core::engine::{Capability, ChunkTiming, Engine, EngineError, EngineInfo, Mode, Work};
 use opledger_core::node::NodeInfo;
 use opledger_core::tokens::{decode_step_tokens, filler_tokens, hash_f32};
 use opledger_gguf::GgufFile;
@@ -370,38 +368,20 @@ impl Engine for CandleEngine {
     }
 
     fn supports(&self, c: Capability) -> bool {
-        matches!(c, Capability::Decode | Capability::Replay)
+        matches!(c, Capability::Decode)
     }
 
-    fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
-        Some(self)
+    fn refusal(&self, c: Capability) -> Option<String> {
+        (c == Capability::Replay).then(|| REPLAY_REFUSAL.to_string())
     }
 }
 
-impl ReplayEngine for CandleEngine {
-    fn replay(
-        &mut self,
-        _cut: &[bool],
-        replay: &[bool],
-        k: u32,
-    ) -> Result<ChunkTiming, EngineError> {
-        if self.prepared.as_ref().is_some_and(|p| p.work.is_decode()) {
-            return Err(EngineError::Unsupported {
-                what: "replay of decode runs".into(),
-                why: "replay measures one prefill chunk".into(),
-            });
-        }
-        // candle runs eagerly: there is no graph to cut, only ops to run again
-        let mut inst = Instrument::replay(replay.to_vec(), k);
-        let (wall_ms, output_hash) = self.run_with(&mut inst)?;
-        Ok(ChunkTiming {
-            wall_ms,
-            node_us: Vec::new(),
-            nodes_seen: inst.nodes_seen,
-            output_hash,
-        })
-    }
-}
+/// Why candle offers no in-graph replay.
+pub const REPLAY_REFUSAL: &str = "a replayed op pays a cost once per node, whatever the number \
+     of replays, beside their work, and candle has no dispatch of its own to measure it by (as \
+     llama.cpp's launch rounds are): the largest band's cost per replay fell from 36.3 to 22.6 \
+     and 18.1 ms at k = 1, 2, 4 on the tiny qwen3moe (-p 128), so a band's replay figure would \
+     hold that cost and not the band's";
 
 #[cfg(test)]
 mod tests {

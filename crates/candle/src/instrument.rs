@@ -76,9 +76,6 @@ pub(crate) enum InstrumentMode {
     Capture,
     /// Time every node alone.
     Timed,
-    /// Every op runs natively; the ops marked run k extra times, results discarded (in-graph
-    /// replay).
-    Replay,
 }
 
 /// A tensor the capture has seen: its name and the node that computed it.
@@ -100,9 +97,6 @@ pub(crate) struct Instrument {
     /// The first node whose op differed from the expected graph (Timed).
     pub mismatch: Option<String>,
     known: HashMap<TensorId, Known>,
-    /// Replay mode: which nodes, how many extra times.
-    replay: Vec<bool>,
-    k: u32,
 }
 
 impl Instrument {
@@ -112,14 +106,6 @@ impl Instrument {
 
     pub fn capture() -> Instrument {
         Instrument::new(InstrumentMode::Capture, Vec::new())
-    }
-
-    /// Replays the nodes marked in `replay` `k` extra times each.
-    pub fn replay(replay: Vec<bool>, k: u32) -> Instrument {
-        let mut i = Instrument::new(InstrumentMode::Replay, Vec::new());
-        i.replay = replay;
-        i.k = k;
-        i
     }
 
     /// Times every node and checks that the ops are those of `expected_ops`.
@@ -136,8 +122,6 @@ impl Instrument {
             ops,
             mismatch: None,
             known: HashMap::new(),
-            replay: Vec::new(),
-            k: 0,
         }
     }
 
@@ -238,22 +222,6 @@ impl Observe for Instrument {
         self.nodes_seen += 1;
         match self.mode {
             InstrumentMode::Count => Ok(f()?),
-            InstrumentMode::Replay => {
-                let r = f()?;
-                if self.replay.get(i).copied().unwrap_or(false) {
-                    // every replay's output is held until the node's replays are done, so each
-                    // allocates afresh as the real op did (the real output is still alive too)
-                    // instead of reusing the memory of the one before, which would make a
-                    // replay cheaper than the op it repeats; all are freed before the next node,
-                    // as the forward frees its intermediates
-                    let mut held = Vec::with_capacity(self.k as usize);
-                    for _ in 0..self.k {
-                        held.push(f()?);
-                    }
-                    drop(held);
-                }
-                Ok(r)
-            }
             InstrumentMode::Capture => {
                 if op == "RESHAPE" {
                     // candle copies when it reshapes a non-contiguous tensor: that is no view.

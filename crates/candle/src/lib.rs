@@ -12,6 +12,6 @@ mod instrument;
 mod model;
 mod weights;
 
-pub use engine::{CandleConfig, CandleEngine, CANDLE_CORE_VERSION};
+pub use engine::{CandleConfig, CandleEngine, CANDLE_CORE_VERSION, REPLAY_REFUSAL};
 pub use error::CandleError;
 pub use hparams::{Arch, Hparams, RopeStyle};

@@ -131,11 +131,13 @@ pub enum EngineError {
     Worker(String),
     #[error("{what} is not supported by this engine: {why}")]
     Unsupported { what: String, why: String },
-    /// A command asked an engine for a capability it lacks.
-    #[error("the {engine} engine does not offer {capability}")]
+    /// A command asked an engine for a capability it lacks, and why where the engine says
+    /// ([`Engine::refusal`]).
+    #[error("the {engine} engine does not offer {capability}{}", because(why))]
     Lacks {
         engine: String,
         capability: &'static str,
+        why: Option<String>,
     },
     /// The check "outputs finite": a run returned NaN or infinite logits. Timing NaN arithmetic
     /// is not timing the model, so the measurement stops at the first such run.
@@ -226,6 +228,13 @@ pub trait Engine {
         false
     }
 
+    /// Why the engine does not offer `c`, where it has a reason to give beyond not having it
+    /// (stated in the refusal, [`EngineError::Lacks`]).
+    fn refusal(&self, c: Capability) -> Option<String> {
+        let _ = c;
+        None
+    }
+
     /// The logits of the last run's requested outputs: the last token of a prefill chunk, one
     /// row per sequence of a decode run's last step ([`Capability::Logits`]).
     ///
@@ -302,6 +311,21 @@ pub fn unsupported(engine: &str, c: Capability) -> EngineError {
     EngineError::Lacks {
         engine: engine.to_string(),
         capability: c.name(),
+        why: None,
+    }
+}
+
+/// ": why" after a refusal, where there is a reason.
+fn because(why: &Option<String>) -> String {
+    why.as_deref().map(|w| format!(": {w}")).unwrap_or_default()
+}
+
+/// The refusal of `engine`, which lacks `c`, with its reason where it gives one.
+fn refused(engine: &(impl Engine + ?Sized), c: Capability) -> EngineError {
+    EngineError::Lacks {
+        engine: engine.info().engine,
+        capability: c.name(),
+        why: engine.refusal(c),
     }
 }
 
@@ -311,36 +335,32 @@ impl<'a> dyn Engine + 'a {
         if self.supports(c) {
             Ok(())
         } else {
-            Err(unsupported(&self.info().engine, c))
+            Err(refused(self, c))
         }
     }
 
     /// The engine's depth sweeps, or its refusal by name.
     pub fn sweep(&mut self) -> Result<&mut dyn SweepEngine, EngineError> {
-        let name = self.info().engine;
-        self.as_sweep()
-            .ok_or_else(|| unsupported(&name, Capability::Sweep))
+        let refusal = refused(&*self, Capability::Sweep);
+        self.as_sweep().ok_or(refusal)
     }
 
     /// The engine's in-graph replay, or its refusal by name.
     pub fn replayer(&mut self) -> Result<&mut dyn ReplayEngine, EngineError> {
-        let name = self.info().engine;
-        self.as_replay()
-            .ok_or_else(|| unsupported(&name, Capability::Replay))
+        let refusal = refused(&*self, Capability::Replay);
+        self.as_replay().ok_or(refusal)
     }
 
     /// The engine's op timing, or its refusal by name.
     pub fn op_timer(&mut self) -> Result<&mut dyn OpTimer, EngineError> {
-        let name = self.info().engine;
-        self.as_op_timer()
-            .ok_or_else(|| unsupported(&name, Capability::OpTiming))
+        let refusal = refused(&*self, Capability::OpTiming);
+        self.as_op_timer().ok_or(refusal)
     }
 
     /// The engine's graph capture, or its refusal by name.
     pub fn graph_capturer(&mut self) -> Result<&mut dyn GraphCapturer, EngineError> {
-        let name = self.info().engine;
-        self.as_graph_capturer()
-            .ok_or_else(|| unsupported(&name, Capability::GraphCapture))
+        let refusal = refused(&*self, Capability::GraphCapture);
+        self.as_graph_capturer().ok_or(refusal)
     }
 }
 

@@ -196,6 +196,33 @@ fn validations(name: &str, rr: &ReplayResult) -> String {
             );
         }
     }
+    let _ = writeln!(
+        out,
+        "  planned before measuring for noise of {:.2} ms (the probe's {} baselines{}): replay-all at {} replay(s) a node, k-scaling at k = {}",
+        rr.noise_ms,
+        opledger_core::replay::PROBE_RUNS,
+        if rr.attempts > 1 {
+            format!(
+                "; retaken once: the first measurement failed {} in cycles noisier than its probe",
+                rr.retaken_after.join(", ")
+            )
+        } else {
+            String::new()
+        },
+        rr.scale,
+        rr.scaling_ms_per_replay
+            .iter()
+            .map(|(k, _)| k.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for s in &rr.skipped {
+        let _ = writeln!(
+            out,
+            "  not replayed, too small to measure here: {} ({} nodes, {}); the sum of bands is set against the measured bands replayed together",
+            s.band, s.nodes, s.reason
+        );
+    }
     for (i, c) in rr.checks.iter().filter(|c| c.name != "outputs").enumerate() {
         let _ = writeln!(
             out,
@@ -549,15 +576,21 @@ mod tests {
             tokens: 512,
             baseline_ms: 100.0,
             baseline_spread_ms: 1.0,
+            noise_ms: 1.0,
+            scale: 1,
+            attempts: 1,
+            retaken_after: vec![],
             round_cost_us: Some(12.5),
             round_cost_min_us: 12.0,
             round_cost_max_us: 13.0,
             baseline_work_ms: 98.0,
             bands: vec![],
+            skipped: vec![],
             replay_all_ms: 98.0 * all,
             replay_all_over_baseline: all,
             sum_of_bands_ms: 98.0 * all,
             sum_over_replay_all: 1.0,
+            sum_reference_ms: 98.0 * all,
             scaling_band: "moe".into(),
             scaling_ms_per_replay: vec![(1, 5.0), (2, 5.0), (4, 5.0)],
             scaling_spread: spread,
@@ -584,7 +617,7 @@ mod tests {
             "{t}"
         );
         assert!(
-            t.contains("FAILED: replay all bands once / baseline work: 0.840"),
+            t.contains("FAILED: replay all bands, per replay / baseline work: 0.840"),
             "{t}"
         );
         assert!(t.contains("launch per replay round: 12.50 µs"), "{t}");
