@@ -660,9 +660,30 @@ fn name_rows(
         }
     }
     let mut rows: Vec<NameRow> = rows.into_values().collect();
+    // the same estimate as `Estimator::estimate` over each row's members, with every cycle's
+    // sum taken once: an imported trace can hold thousands of names over thousands of steps,
+    // where a pass over the whole graph per name and cycle took minutes
+    let mut members: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for i in (0..n).filter(|&i| assignments[i].band == band) {
+        members.entry(raw.graph[i].base_name()).or_default().push(i);
+    }
+    let sums: Vec<f64> = est.raw.iter().map(|t| t.iter().sum()).collect();
     for row in &mut rows {
-        let member = |i: usize| assignments[i].band == band && raw.graph[i].base_name() == row.name;
-        row.ms_per_token = est.estimate(&member, &est.raw)?.median();
+        let nodes = &members[row.name.as_str()];
+        let per_cycle: Vec<f64> = est
+            .raw
+            .iter()
+            .zip(&sums)
+            .zip(&est.fused_walls)
+            .map(|((t, &sum), fused)| {
+                if sum > 0.0 {
+                    nodes.iter().map(|&i| t[i]).sum::<f64>() / sum * fused / est.tok
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        row.ms_per_token = sample(&per_cycle, "band times")?.median();
     }
     rows.sort_by(|a, b| b.ms_per_token.total_cmp(&a.ms_per_token));
     Ok(rows)
