@@ -675,12 +675,8 @@ fn name_rows(
             .iter()
             .zip(&sums)
             .zip(&est.fused_walls)
-            .map(|((t, &sum), fused)| {
-                if sum > 0.0 {
-                    nodes.iter().map(|&i| t[i]).sum::<f64>() / sum * fused / est.tok
-                } else {
-                    0.0
-                }
+            .map(|((t, &sum), &fused)| {
+                share_of_wall(nodes.iter().map(|&i| t[i]).sum(), sum, fused, est.tok)
             })
             .collect();
         row.ms_per_token = sample(&per_cycle, "band times")?.median();
@@ -704,16 +700,21 @@ pub fn per_cycle_ms_per_token(
     times
         .iter()
         .zip(fused_ms)
-        .map(|(t, fused)| {
-            let sum: f64 = t.iter().sum();
-            if sum > 0.0 {
-                let part: f64 = t.iter().enumerate().map(|(i, v)| v * weight(i)).sum();
-                part / sum * fused / tokens
-            } else {
-                0.0
-            }
+        .map(|(t, &fused)| {
+            let part = t.iter().enumerate().map(|(i, v)| v * weight(i)).sum();
+            share_of_wall(part, t.iter().sum(), fused, tokens)
         })
         .collect()
+}
+
+/// `part`'s share of a cycle's TIMED `sum` x that cycle's FUSED wall / `tokens`: ms/token (0
+/// where the sum is 0).
+fn share_of_wall(part: f64, sum: f64, fused_ms: f64, tokens: f64) -> f64 {
+    if sum > 0.0 {
+        part / sum * fused_ms / tokens
+    } else {
+        0.0
+    }
 }
 
 /// 1 for a member, 0 otherwise: the weight of a group of nodes in [`per_cycle_ms_per_token`].
