@@ -393,7 +393,29 @@ pub fn run(req: &ImportRequest, model: Option<&ModelFile>) -> Result<Imported> {
         context: rules.context(),
     };
     let file = req.trace.display().to_string();
-    let hash = hash_file(&req.trace)?;
+    // the file's hash for the manifest, on another core while the trace is read (the file is
+    // read twice, the second time from the page cache)
+    std::thread::scope(|scope| {
+        let hashing = scope.spawn(|| hash_file(&req.trace));
+        let read = read_trace(req, &file, &opts);
+        let hash = hashing
+            .join()
+            .map_err(|_| anyhow::anyhow!("{file}: hashing the file stopped"))??;
+        let mut trace = read?;
+        let skip = req.skip_steps as usize;
+        if skip >= trace.steps.len() {
+            bail!(
+                "{file}: --skip-steps {skip} leaves no step of the {} the trace holds",
+                trace.steps.len()
+            );
+        }
+        trace.steps.drain(..skip);
+        build(req, &rules, &pattern, &trace, hash, model)
+    })
+}
+
+/// Reads the trace at `req.trace`, streamed.
+fn read_trace(req: &ImportRequest, file: &str, opts: &TraceOptions) -> Result<TraceSummary> {
     // a gzip file (what torch.profiler writes for a name ending in .gz) is read through the
     // decoder, streamed like the plain text
     let open = || -> Result<std::io::BufReader<Box<dyn std::io::Read>>> {
@@ -417,19 +439,10 @@ pub fn run(req: &ImportRequest, model: Option<&ModelFile>) -> Result<Imported> {
     };
     // streamed; a trace whose threads' events are not in start order (Kineto with Python
     // stacks) is read again, held and sorted (a note says so)
-    let mut trace = match read_chrome(open()?, &file, &opts) {
-        Err(TraceError::OutOfOrder { .. }) => read_chrome_sorted(open()?, &file, &opts)?,
+    Ok(match read_chrome(open()?, file, opts) {
+        Err(TraceError::OutOfOrder { .. }) => read_chrome_sorted(open()?, file, opts)?,
         r => r?,
-    };
-    let skip = req.skip_steps as usize;
-    if skip >= trace.steps.len() {
-        bail!(
-            "{file}: --skip-steps {skip} leaves no step of the {} the trace holds",
-            trace.steps.len()
-        );
-    }
-    trace.steps.drain(..skip);
-    build(req, &rules, &pattern, &trace, hash, model)
+    })
 }
 
 fn build(

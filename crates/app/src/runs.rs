@@ -299,7 +299,7 @@ pub fn write_profile(
     raw: &ProfileRaw,
 ) -> Result<ProfileSummary> {
     folder.write_json(&format!("{prefix}manifest.json"), manifest)?;
-    folder.write_json(&format!("{prefix}raw.json"), raw)?;
+    folder.write_json_compact(&format!("{prefix}raw.json"), raw)?;
     let view = RunView::Profile(ProfileView::new(manifest, raw)?);
     write_renderings(
         folder,
@@ -347,7 +347,7 @@ pub fn write_waste(
     top: usize,
 ) -> Result<opledger_core::waste::WasteSummary> {
     folder.write_json("manifest.json", manifest)?;
-    folder.write_json("raw.json", raw)?;
+    folder.write_json_compact("raw.json", raw)?;
     let view =
         RunView::Waste(WasteView::new(manifest, raw, source).context("analysing the graph")?);
     write_renderings(
@@ -393,7 +393,7 @@ pub fn write_ledger(
     report: &LedgerReport,
 ) -> Result<()> {
     for (name, raw) in raws {
-        folder.write_json(&format!("{}/raw.json", name.replace('.', "_")), raw)?;
+        folder.write_json_compact(&format!("{}/raw.json", name.replace('.', "_")), raw)?;
     }
     folder.write_json("manifest.json", manifest)?;
     write_all(folder, &RunView::Ledger(LedgerView { manifest, report }))
@@ -407,7 +407,7 @@ pub fn write_ops(
     summary: &OpsSummary,
 ) -> Result<()> {
     folder.write_json("manifest.json", manifest)?;
-    folder.write_json("raw.json", raw)?;
+    folder.write_json_compact("raw.json", raw)?;
     write_all(folder, &RunView::Ops(OpsView { manifest, summary }))
 }
 

@@ -176,6 +176,22 @@ impl RunFolder {
         self.write(name, &bytes)
     }
 
+    /// Writes `value` as JSON on one line: raw data, read by machines (a profile's or an
+    /// imported trace's `raw.json` holds a figure per node and cycle; indented, it took several
+    /// times the bytes and most of an import's writing time).
+    pub fn write_json_compact<T: Serialize>(
+        &self,
+        name: &str,
+        value: &T,
+    ) -> Result<PathBuf, RunFolderError> {
+        let mut bytes = serde_json::to_vec(value).map_err(|source| RunFolderError::Json {
+            path: self.path.join(name),
+            source,
+        })?;
+        bytes.push(b'\n');
+        self.write(name, &bytes)
+    }
+
     /// Marks the folder complete (removes the marker). Only a finished folder counts as a run.
     pub fn finish(self) -> Result<PathBuf, RunFolderError> {
         let marker = self.path.join(INCOMPLETE_MARKER);

@@ -1,5 +1,6 @@
 //! Chrome trace-event JSON (PyTorch's Kineto, `tracing-chrome`, chrome://tracing, Perfetto),
-//! streamed: the events are read one by one through serde's visitor, and only each thread's
+//! streamed: the text is read in blocks and cut into events ([`scan`]), each parsed by
+//! serde_json from its slice into one reused event, and only each thread's
 //! stack of open spans, the step windows and per-step aggregates are kept, so a trace of
 //! gigabytes takes memory in proportion to its distinct spans and steps, never to its events.
 //!
@@ -42,8 +43,11 @@ use std::fmt;
 use std::io::Read;
 
 use regex::Regex;
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
+
+mod scan;
+use scan::Scanner;
 
 /// Timestamps closer than this (in the trace's unit) are the same instant: `ts + dur` of a
 /// child written with rounded floats may pass its parent's end by a rounding step.
@@ -203,9 +207,17 @@ pub const DEFAULT_STEP_PATTERN: &str = r"(?i)^(forward|model_forward|ProfilerSte
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("{file}: not valid trace JSON: {source}")]
-    Json {
+    #[error("{file}: not valid trace JSON at byte {offset}: {why}")]
+    Syntax {
         file: String,
+        offset: u64,
+        why: String,
+    },
+    #[error("{file}: event {index} (at byte {offset}) is not a valid trace event: {source}")]
+    BadJson {
+        file: String,
+        index: u64,
+        offset: u64,
         #[source]
         source: serde_json::Error,
     },
@@ -342,14 +354,11 @@ enum Field {
 struct EventSeed<'k, 'e> {
     keep: &'k [String],
     ev: &'e mut Event,
-    /// Set once the event's text has begun (a cut there is inside an event).
-    started: &'e mut bool,
 }
 
 impl<'de> DeserializeSeed<'de> for EventSeed<'_, '_> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        *self.started = true;
         d.deserialize_map(self)
     }
 }
@@ -476,28 +485,65 @@ impl<'de> Visitor<'de> for ArgsSeed<'_, '_> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut kept = Vec::new();
-        while let Some(k) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if k == "correlation" || k == "External id" {
-                let v: serde_json::Value = map.next_value()?;
-                let id = link_id(&v);
-                if k == "correlation" {
-                    *self.correlation = id;
-                } else {
-                    *self.external_id = id;
+        while let Some(k) = map.next_key_seed(ArgKeySeed(self.keep))? {
+            match k {
+                ArgKey::Correlation | ArgKey::External => {
+                    let v: serde_json::Value = map.next_value()?;
+                    let id = link_id(&v);
+                    if matches!(k, ArgKey::Correlation) {
+                        *self.correlation = id;
+                    } else {
+                        *self.external_id = id;
+                    }
                 }
-            } else if k == "Input Dims" || self.keep.iter().any(|w| *w == k) {
-                let v: serde_json::Value = map.next_value()?;
-                let text = match v {
-                    serde_json::Value::String(s) => s,
-                    other => other.to_string(),
-                };
-                kept.push((k.into_owned(), text));
-            } else {
-                map.next_value::<IgnoredAny>()?;
+                ArgKey::Kept(k) => {
+                    let v: serde_json::Value = map.next_value()?;
+                    let text = match v {
+                        serde_json::Value::String(s) => s,
+                        other => other.to_string(),
+                    };
+                    kept.push((k, text));
+                }
+                ArgKey::Skipped => {
+                    map.next_value::<IgnoredAny>()?;
+                }
             }
         }
         kept.sort();
         Ok(kept)
+    }
+}
+
+/// An argument's key, sorted without allocating unless it is kept.
+enum ArgKey {
+    Correlation,
+    External,
+    /// `Input Dims` or a key the rules read.
+    Kept(String),
+    Skipped,
+}
+
+struct ArgKeySeed<'k>(&'k [String]);
+
+impl<'de> DeserializeSeed<'de> for ArgKeySeed<'_> {
+    type Value = ArgKey;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<ArgKey, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ArgKeySeed<'_> {
+    type Value = ArgKey;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an argument's name")
+    }
+    fn visit_str<E: serde::de::Error>(self, k: &str) -> Result<ArgKey, E> {
+        Ok(match k {
+            "correlation" => ArgKey::Correlation,
+            "External id" => ArgKey::External,
+            _ if k == "Input Dims" || self.0.iter().any(|w| w == k) => ArgKey::Kept(k.to_string()),
+            _ => ArgKey::Skipped,
+        })
     }
 }
 
@@ -705,23 +751,6 @@ struct State<'o> {
     clipped: u64,
     /// Events held to be sorted by start before they are read ([`read_chrome_sorted`]).
     buffer: Option<Vec<Event>>,
-    error: Option<TraceError>,
-    /// Where the reader is in the event array, to tell a file cut between events from one cut
-    /// inside an event.
-    cut: Cut,
-}
-
-/// Where a file that stops early stopped.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Cut {
-    /// Before the event array.
-    Before,
-    /// Inside the event array, between whole events.
-    BetweenEvents,
-    /// Inside an event.
-    InsideEvent,
-    /// After the event array closed.
-    AfterEvents,
 }
 
 impl<'o> State<'o> {
@@ -1473,87 +1502,208 @@ impl<'o> State<'o> {
     }
 }
 
-/// The `traceEvents` array (or the top-level array), fed into the state element by element.
-struct Events<'a, 'o>(&'a mut State<'o>);
+/// How the event array ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// At its closing `]`.
+    Closed,
+    /// The text stopped between whole events.
+    BetweenEvents,
+    /// The text stopped inside an event.
+    InsideEvent,
+}
 
-impl<'de> DeserializeSeed<'de> for Events<'_, '_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_seq(self)
+/// What the top level held besides the events.
+struct Top {
+    /// `displayTimeUnit`.
+    unit: Option<String>,
+    /// How the event array ended (None: no event array).
+    cut: Option<Cut>,
+    /// Whole events read.
+    read: u64,
+}
+
+/// A syntax error at `offset` of the text.
+fn syntax(file: &str, offset: u64, why: impl Into<String>) -> TraceError {
+    TraceError::Syntax {
+        file: file.to_string(),
+        offset,
+        why: why.into(),
     }
 }
 
-impl<'de> Visitor<'de> for Events<'_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an array of trace events")
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let opts: &TraceOptions = self.0.opts;
-        let keep = &opts.arg_keys;
-        let mut ev = Event::default();
-        self.0.cut = Cut::BetweenEvents;
-        loop {
-            let mut started = false;
-            let next = seq.next_element_seed(EventSeed {
-                keep,
-                ev: &mut ev,
-                started: &mut started,
-            });
-            match next {
-                Ok(Some(())) => {}
-                Ok(None) => break,
-                Err(e) => {
-                    if started {
-                        self.0.cut = Cut::InsideEvent;
+/// Reads the top level: an array of events, or an object with `traceEvents` (any other key
+/// skipped, `displayTimeUnit` kept, wherever it comes), feeding each event into `state`.
+fn read_top<R: Read>(sc: &mut Scanner<R>, state: &mut State) -> Result<Top, TraceError> {
+    let file = state.file.clone();
+    let io = |source| TraceError::Io {
+        file: file.clone(),
+        source,
+    };
+    let mut top = Top {
+        unit: None,
+        cut: None,
+        read: 0,
+    };
+    match sc.peek().map_err(io)? {
+        Some(b'[') => {
+            sc.bump();
+            top.cut = Some(read_events(sc, state, &mut top.read)?);
+        }
+        Some(b'{') => {
+            sc.bump();
+            let mut first = true;
+            loop {
+                let at = sc.offset();
+                match sc.peek().map_err(io)? {
+                    Some(b'}') if first => {
+                        sc.bump();
+                        break;
                     }
-                    return Err(e);
+                    Some(b'"') => {}
+                    Some(_) => return Err(syntax(&file, at, "expected a key (a string)")),
+                    None => return Err(syntax(&file, at, "the text stops inside the object")),
                 }
-            }
-            if let Some(buffer) = &mut self.0.buffer {
-                buffer.push(ev.clone());
-                continue;
-            }
-            if let Err(e) = self.0.event(&mut ev) {
-                self.0.error = Some(e);
-                return Err(serde::de::Error::custom("stopped"));
+                first = false;
+                let key: String = match sc.value().map_err(io)? {
+                    Some(v) => {
+                        serde_json::from_slice(v).map_err(|e| syntax(&file, at, e.to_string()))?
+                    }
+                    None => return Err(syntax(&file, at, "the text stops inside a key")),
+                };
+                let at = sc.offset();
+                if sc.peek().map_err(io)? != Some(b':') {
+                    return Err(syntax(
+                        &file,
+                        at,
+                        format!("expected `:` after the key \"{key}\""),
+                    ));
+                }
+                sc.bump();
+                let at = sc.offset();
+                let Some(b) = sc.peek().map_err(io)? else {
+                    return Err(syntax(
+                        &file,
+                        at,
+                        format!("the text stops before the value of \"{key}\""),
+                    ));
+                };
+                if key == "traceEvents" {
+                    if b != b'[' {
+                        return Err(syntax(&file, at, "`traceEvents` is not an array"));
+                    }
+                    sc.bump();
+                    let cut = read_events(sc, state, &mut top.read)?;
+                    top.cut = Some(cut);
+                    if cut != Cut::Closed {
+                        return Ok(top);
+                    }
+                } else {
+                    let Some(v) = sc.value().map_err(io)? else {
+                        return Err(syntax(
+                            &file,
+                            at,
+                            format!("the text stops inside the value of \"{key}\""),
+                        ));
+                    };
+                    if key == "displayTimeUnit" {
+                        top.unit =
+                            Some(serde_json::from_slice(v).map_err(|e| {
+                                syntax(&file, at, format!("`displayTimeUnit`: {e}"))
+                            })?);
+                    }
+                }
+                let at = sc.offset();
+                match sc.peek().map_err(io)? {
+                    Some(b',') => sc.bump(),
+                    Some(b'}') => {
+                        sc.bump();
+                        break;
+                    }
+                    Some(_) => return Err(syntax(&file, at, "expected `,` or `}` after a value")),
+                    None => {
+                        return Err(syntax(
+                            &file,
+                            at,
+                            "the text stops before the object's closing `}`",
+                        ))
+                    }
+                }
             }
         }
-        self.0.cut = Cut::AfterEvents;
-        Ok(())
+        _ => return Ok(top),
     }
+    let at = sc.offset();
+    if sc.peek().map_err(io)?.is_some() {
+        return Err(syntax(&file, at, "text after the trace's end"));
+    }
+    Ok(top)
 }
 
-/// The top level: an array of events, or an object with `traceEvents` and `displayTimeUnit`.
-struct Top<'a, 'o> {
-    state: &'a mut State<'o>,
-    unit: &'a mut Option<String>,
-    found: &'a mut bool,
-}
-
-impl<'de> Visitor<'de> for Top<'_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an array of trace events or an object with traceEvents")
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
-        *self.found = true;
-        Events(self.state).visit_seq(seq)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(k) = map.next_key::<String>()? {
-            match k.as_str() {
-                "traceEvents" => {
-                    *self.found = true;
-                    map.next_value_seed(Events(self.state))?;
-                }
-                "displayTimeUnit" => *self.unit = Some(map.next_value::<String>()?),
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+/// Reads the event array after its `[`, event by event, into `state` (or its buffer, when
+/// sorting).
+fn read_events<R: Read>(
+    sc: &mut Scanner<R>,
+    state: &mut State,
+    read: &mut u64,
+) -> Result<Cut, TraceError> {
+    let file = state.file.clone();
+    let io = |source| TraceError::Io {
+        file: file.clone(),
+        source,
+    };
+    let keep = state.opts.arg_keys.clone();
+    let mut ev = Event::default();
+    loop {
+        let at = sc.offset();
+        match sc.peek().map_err(io)? {
+            None => return Ok(Cut::BetweenEvents),
+            Some(b']') if *read == 0 => {
+                sc.bump();
+                return Ok(Cut::Closed);
+            }
+            Some(_) => {}
+        }
+        let Some(text) = sc.value().map_err(io)? else {
+            return Ok(Cut::InsideEvent);
+        };
+        let mut de = serde_json::Deserializer::from_slice(text);
+        let parsed = EventSeed {
+            keep: &keep,
+            ev: &mut ev,
+        }
+        .deserialize(&mut de)
+        .and_then(|()| de.end());
+        if let Err(source) = parsed {
+            return Err(TraceError::BadJson {
+                file: file.clone(),
+                index: *read,
+                offset: at,
+                source,
+            });
+        }
+        *read += 1;
+        if let Some(buffer) = &mut state.buffer {
+            buffer.push(ev.clone());
+        } else {
+            state.event(&mut ev)?;
+        }
+        let at = sc.offset();
+        match sc.peek().map_err(io)? {
+            Some(b',') => sc.bump(),
+            Some(b']') => {
+                sc.bump();
+                return Ok(Cut::Closed);
+            }
+            None => return Ok(Cut::BetweenEvents),
+            Some(_) => {
+                return Err(syntax(
+                    &file,
+                    at,
+                    format!("expected `,` or `]` after event {}", *read - 1),
+                ))
             }
         }
-        Ok(())
     }
 }
 
@@ -1623,59 +1773,35 @@ fn read<R: Read>(
         any_device: false,
         clipped: 0,
         buffer: sort.then(Vec::new),
-        error: None,
-        cut: Cut::Before,
     };
-    let mut unit = None;
-    let mut found = false;
-    let mut de = serde_json::Deserializer::from_reader(reader);
-    let result = de.deserialize_any(Top {
-        state: &mut state,
-        unit: &mut unit,
-        found: &mut found,
-    });
-    if let Some(e) = state.error.take() {
-        return Err(e);
-    }
-    let json = |source| TraceError::Json {
-        file: file.to_string(),
-        source,
-    };
+    let mut sc = Scanner::new(reader);
+    let top = read_top(&mut sc, &mut state)?;
+    let unit = top.unit;
     let mut notes = Vec::new();
-    // events read so far (held, when sorting)
-    state.events = state
-        .events
-        .max(state.buffer.as_ref().map_or(0, |b| b.len() as u64));
-    match result {
-        Ok(()) => de.end().map_err(json)?,
-        Err(e) if e.is_data() && !found => {
+    match top.cut {
+        None => {
             return Err(TraceError::NotATrace {
                 file: file.to_string(),
             })
         }
-        Err(e) if e.is_eof() && state.cut == Cut::InsideEvent => {
+        Some(Cut::Closed) => {}
+        Some(Cut::InsideEvent) => {
             return Err(TraceError::CutInsideEvent {
                 file: file.to_string(),
-                index: state.events,
-                events: state.events,
+                index: top.read,
+                events: top.read,
             })
         }
-        Err(e) if e.is_eof() && state.cut == Cut::BetweenEvents => notes.push(format!(
+        Some(Cut::BetweenEvents) => notes.push(format!(
             "{file}: the event array stops after {} whole events without its closing `]` (the \
              file of a process stopped while tracing): read up to there{}",
-            state.events,
+            top.read,
             if unit.is_none() {
                 "; no `displayTimeUnit` was read before the cut: timestamps taken as µs"
             } else {
                 ""
             }
         )),
-        Err(e) => return Err(json(e)),
-    }
-    if !found {
-        return Err(TraceError::NotATrace {
-            file: file.to_string(),
-        });
     }
     let (scale, name) = match unit.as_deref() {
         Some("ns") => (1e-3, "ns"),
@@ -2112,7 +2238,28 @@ mod tests {
         // JSON broken otherwise is still refused as such
         let t = r#"[{"ph":"X","name":"forward","ts":0,"dur":1,"pid":1,"tid":1}},"#;
         let e = read(t, "^forward$").unwrap_err();
-        assert!(matches!(e, TraceError::Json { .. }), "{e}");
+        assert!(matches!(e, TraceError::Syntax { offset: 59, .. }), "{e}");
+        assert!(
+            e.to_string().starts_with(
+                "t.json: not valid trace JSON at byte 59: expected `,` or `]` after event 0"
+            ),
+            "{e}"
+        );
+        // an event that is not JSON inside is serde_json's error, with the event and its place
+        let t =
+            r#"[{"ph":"X","name":"forward","ts":0,"dur":1,"pid":1,"tid":1},{"ph":"X","ts":nope}]"#;
+        let e = read(t, "^forward$").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                TraceError::BadJson {
+                    index: 1,
+                    offset: 60,
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]
