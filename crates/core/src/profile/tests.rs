@@ -33,7 +33,16 @@ fn cfg(cycles: u32) -> ProfileConfig {
         cycles,
         warmup: 1,
         overhead_pairs: 2,
-        gate: crate::noise::GateConfig::default(),
+        gate: no_gate(),
+    }
+}
+
+/// The noise gate off: it reads the real machine (/proc, the canary's timing), and a retake it
+/// calls on a busy machine would shift the mock engine's scripted runs.
+fn no_gate() -> crate::noise::GateConfig {
+    crate::noise::GateConfig {
+        enabled: false,
+        ..Default::default()
     }
 }
 
@@ -659,7 +668,10 @@ fn a_split_whose_copies_ggml_cut_fails_its_device_check_and_an_uncompared_one_wa
 fn figures_of_runs_that_did_not_take_place_are_null_and_their_checks_say_not_measured() {
     use crate::engine::Mode;
     let mut e = MockEngine::new(&NODES);
-    let mut raw = measure(&mut e, &cfg(3), &mut |_, _, _| {}).unwrap();
+    // the gate on (what it reads is not asserted here, only that it measured)
+    let mut config = cfg(3);
+    config.gate = crate::noise::GateConfig::default();
+    let mut raw = measure(&mut e, &config, &mut |_, _, _| {}).unwrap();
     let rules = BandRules::builtin("qwen35moe").unwrap();
     let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
     let summary = |raw: &ProfileRaw| analyse(raw, &rules, &arch).unwrap().1;
