@@ -754,6 +754,17 @@ struct State<'o> {
 }
 
 impl<'o> State<'o> {
+    /// An event read: fed to the state, or held to be sorted.
+    fn take(&mut self, ev: &mut Event) -> Result<(), TraceError> {
+        match &mut self.buffer {
+            Some(buffer) => {
+                buffer.push(ev.clone());
+                Ok(())
+            }
+            None => self.event(ev),
+        }
+    }
+
     fn intern(&mut self, s: &str) -> u32 {
         if let Some(&id) = self.strings.get(s) {
             return id;
@@ -1532,12 +1543,14 @@ fn syntax(file: &str, offset: u64, why: impl Into<String>) -> TraceError {
     }
 }
 
+/// What is done with each event's text: `(text, index, byte offset)`.
+type Sink<'s> = dyn FnMut(&[u8], u64, u64) -> Result<(), TraceError> + 's;
+
 /// Reads the top level: an array of events, or an object with `traceEvents` (any other key
-/// skipped, `displayTimeUnit` kept, wherever it comes), feeding each event into `state`.
-fn read_top<R: Read>(sc: &mut Scanner<R>, state: &mut State) -> Result<Top, TraceError> {
-    let file = state.file.clone();
+/// skipped, `displayTimeUnit` kept, wherever it comes), handing each event's text to `sink`.
+fn read_top<R: Read>(sc: &mut Scanner<R>, file: &str, sink: &mut Sink) -> Result<Top, TraceError> {
     let io = |source| TraceError::Io {
-        file: file.clone(),
+        file: file.to_string(),
         source,
     };
     let mut top = Top {
@@ -1548,7 +1561,7 @@ fn read_top<R: Read>(sc: &mut Scanner<R>, state: &mut State) -> Result<Top, Trac
     match sc.peek().map_err(io)? {
         Some(b'[') => {
             sc.bump();
-            top.cut = Some(read_events(sc, state, &mut top.read)?);
+            top.cut = Some(read_events(sc, file, sink, &mut top.read)?);
         }
         Some(b'{') => {
             sc.bump();
@@ -1561,15 +1574,15 @@ fn read_top<R: Read>(sc: &mut Scanner<R>, state: &mut State) -> Result<Top, Trac
                         break;
                     }
                     Some(b'"') => {}
-                    Some(_) => return Err(syntax(&file, at, "expected a key (a string)")),
-                    None => return Err(syntax(&file, at, "the text stops inside the object")),
+                    Some(_) => return Err(syntax(file, at, "expected a key (a string)")),
+                    None => return Err(syntax(file, at, "the text stops inside the object")),
                 }
                 first = false;
                 let key: String = match sc.value().map_err(io)? {
                     Some(v) => {
-                        serde_json::from_slice(v).map_err(|e| syntax(&file, at, e.to_string()))?
+                        serde_json::from_slice(v).map_err(|e| syntax(file, at, e.to_string()))?
                     }
-                    None => return Err(syntax(&file, at, "the text stops inside a key")),
+                    None => return Err(syntax(file, at, "the text stops inside a key")),
                 };
                 let at = sc.offset();
                 if sc.peek().map_err(io)? != Some(b':') {
@@ -1590,10 +1603,10 @@ fn read_top<R: Read>(sc: &mut Scanner<R>, state: &mut State) -> Result<Top, Trac
                 };
                 if key == "traceEvents" {
                     if b != b'[' {
-                        return Err(syntax(&file, at, "`traceEvents` is not an array"));
+                        return Err(syntax(file, at, "`traceEvents` is not an array"));
                     }
                     sc.bump();
-                    let cut = read_events(sc, state, &mut top.read)?;
+                    let cut = read_events(sc, file, sink, &mut top.read)?;
                     top.cut = Some(cut);
                     if cut != Cut::Closed {
                         return Ok(top);
@@ -1609,7 +1622,7 @@ fn read_top<R: Read>(sc: &mut Scanner<R>, state: &mut State) -> Result<Top, Trac
                     if key == "displayTimeUnit" {
                         top.unit =
                             Some(serde_json::from_slice(v).map_err(|e| {
-                                syntax(&file, at, format!("`displayTimeUnit`: {e}"))
+                                syntax(file, at, format!("`displayTimeUnit`: {e}"))
                             })?);
                     }
                 }
@@ -1620,7 +1633,7 @@ fn read_top<R: Read>(sc: &mut Scanner<R>, state: &mut State) -> Result<Top, Trac
                         sc.bump();
                         break;
                     }
-                    Some(_) => return Err(syntax(&file, at, "expected `,` or `}` after a value")),
+                    Some(_) => return Err(syntax(file, at, "expected `,` or `}` after a value")),
                     None => {
                         return Err(syntax(
                             &file,
@@ -1635,25 +1648,22 @@ fn read_top<R: Read>(sc: &mut Scanner<R>, state: &mut State) -> Result<Top, Trac
     }
     let at = sc.offset();
     if sc.peek().map_err(io)?.is_some() {
-        return Err(syntax(&file, at, "text after the trace's end"));
+        return Err(syntax(file, at, "text after the trace's end"));
     }
     Ok(top)
 }
 
-/// Reads the event array after its `[`, event by event, into `state` (or its buffer, when
-/// sorting).
+/// Reads the event array after its `[`, handing each event's text to `sink`.
 fn read_events<R: Read>(
     sc: &mut Scanner<R>,
-    state: &mut State,
+    file: &str,
+    sink: &mut Sink,
     read: &mut u64,
 ) -> Result<Cut, TraceError> {
-    let file = state.file.clone();
     let io = |source| TraceError::Io {
-        file: file.clone(),
+        file: file.to_string(),
         source,
     };
-    let keep = state.opts.arg_keys.clone();
-    let mut ev = Event::default();
     loop {
         let at = sc.offset();
         match sc.peek().map_err(io)? {
@@ -1667,27 +1677,8 @@ fn read_events<R: Read>(
         let Some(text) = sc.value().map_err(io)? else {
             return Ok(Cut::InsideEvent);
         };
-        let mut de = serde_json::Deserializer::from_slice(text);
-        let parsed = EventSeed {
-            keep: &keep,
-            ev: &mut ev,
-        }
-        .deserialize(&mut de)
-        .and_then(|()| de.end());
-        if let Err(source) = parsed {
-            return Err(TraceError::BadJson {
-                file: file.clone(),
-                index: *read,
-                offset: at,
-                source,
-            });
-        }
+        sink(text, *read, at)?;
         *read += 1;
-        if let Some(buffer) = &mut state.buffer {
-            buffer.push(ev.clone());
-        } else {
-            state.event(&mut ev)?;
-        }
         let at = sc.offset();
         match sc.peek().map_err(io)? {
             Some(b',') => sc.bump(),
@@ -1698,12 +1689,200 @@ fn read_events<R: Read>(
             None => return Ok(Cut::BetweenEvents),
             Some(_) => {
                 return Err(syntax(
-                    &file,
+                    file,
                     at,
                     format!("expected `,` or `]` after event {}", *read - 1),
                 ))
             }
         }
+    }
+}
+
+/// Parses one event's text into `ev` (its index and byte offset name it in the error).
+fn parse_event(
+    text: &[u8],
+    keep: &[String],
+    ev: &mut Event,
+    file: &str,
+    index: u64,
+    offset: u64,
+) -> Result<(), TraceError> {
+    let mut de = serde_json::Deserializer::from_slice(text);
+    EventSeed { keep, ev }
+        .deserialize(&mut de)
+        .and_then(|()| de.end())
+        .map_err(|source| TraceError::BadJson {
+            file: file.to_string(),
+            index,
+            offset,
+            source,
+        })
+}
+
+/// Events parsed on other threads: the text is cut into chunks of whole events here, parsed
+/// by `parsers` threads, and fed into the state in the file's order on one more thread.
+/// Channels are bounded, so memory is a few chunks whatever the trace's size.
+fn read_parallel<R: Read>(
+    sc: &mut Scanner<R>,
+    state: &mut State,
+    parsers: usize,
+) -> Result<Top, TraceError> {
+    use std::sync::{mpsc, Arc, Mutex};
+    let file = state.file.clone();
+    let keep = state.opts.arg_keys.clone();
+    let (chunk_tx, chunk_rx) = mpsc::sync_channel::<Chunk>(2 * parsers);
+    let chunk_rx = Arc::new(Mutex::new(chunk_rx));
+    let (batch_tx, batch_rx) = mpsc::sync_channel::<Batch>(2 * parsers);
+    let (free_tx, free_rx) = mpsc::channel::<Chunk>();
+    let (spare_tx, spare_rx) = mpsc::channel::<Vec<Event>>();
+    let spare_rx = Arc::new(Mutex::new(spare_rx));
+    std::thread::scope(|scope| {
+        for _ in 0..parsers {
+            let (chunk_rx, spare_rx) = (chunk_rx.clone(), spare_rx.clone());
+            let (batch_tx, free_tx) = (batch_tx.clone(), free_tx.clone());
+            let (keep, file) = (&keep, &file);
+            scope.spawn(move || loop {
+                let next = match chunk_rx.lock() {
+                    Ok(rx) => rx.recv(),
+                    Err(_) => return,
+                };
+                let Ok(chunk) = next else { return };
+                let mut events = spare_rx
+                    .lock()
+                    .ok()
+                    .and_then(|rx| rx.try_recv().ok())
+                    .unwrap_or_default();
+                let mut error = None;
+                let mut parsed = 0;
+                for (i, (span, &at)) in chunk.spans.iter().zip(&chunk.at).enumerate() {
+                    if events.len() <= i {
+                        events.push(Event::default());
+                    }
+                    let text = &chunk.text[span.0 as usize..span.1 as usize];
+                    let index = chunk.first + i as u64;
+                    if let Err(e) = parse_event(text, keep, &mut events[i], file, index, at) {
+                        error = Some(e);
+                        break;
+                    }
+                    parsed = i + 1;
+                }
+                let seq = chunk.seq;
+                let _ = free_tx.send(chunk);
+                let batch = Batch {
+                    seq,
+                    events,
+                    parsed,
+                    error,
+                };
+                if batch_tx.send(batch).is_err() {
+                    return;
+                }
+            });
+        }
+        drop((chunk_rx, batch_tx, free_tx, spare_rx));
+        let consumer = scope.spawn(move || -> Result<(), TraceError> {
+            let mut next = 0;
+            let mut waiting = std::collections::BTreeMap::new();
+            for batch in batch_rx {
+                waiting.insert(batch.seq, batch);
+                while let Some(mut b) = waiting.remove(&next) {
+                    for ev in &mut b.events[..b.parsed] {
+                        state.take(ev)?;
+                    }
+                    if let Some(e) = b.error {
+                        return Err(e);
+                    }
+                    next += 1;
+                    let _ = spare_tx.send(b.events);
+                }
+            }
+            Ok(())
+        });
+        let mut chunk = Chunk::default();
+        let mut seq = 0;
+        let hung_up = || TraceError::Io {
+            file: file.clone(),
+            source: std::io::Error::other("the reading threads stopped"),
+        };
+        let mut send = |chunk: &mut Chunk| -> Result<(), TraceError> {
+            let mut full = free_rx.try_recv().unwrap_or_default();
+            full.clear();
+            std::mem::swap(&mut full, chunk);
+            full.seq = seq;
+            seq += 1;
+            chunk_tx.send(full).map_err(|_| hung_up())
+        };
+        let mut sink = |text: &[u8], index: u64, at: u64| -> Result<(), TraceError> {
+            if chunk.spans.is_empty() {
+                chunk.first = index;
+            }
+            let start = chunk.text.len() as u32;
+            chunk.text.extend_from_slice(text);
+            chunk.spans.push((start, chunk.text.len() as u32));
+            chunk.at.push(at);
+            if chunk.text.len() >= CHUNK_BYTES || chunk.spans.len() >= CHUNK_EVENTS {
+                send(&mut chunk)?;
+            }
+            Ok(())
+        };
+        let mut top = read_top(sc, &file, &mut sink);
+        if top.is_ok() && !chunk.spans.is_empty() {
+            if let Err(e) = send(&mut chunk) {
+                top = Err(e);
+            }
+        }
+        drop(send);
+        drop(chunk_tx);
+        let fed = consumer
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        // an error of the events' (in the file's order, before the reader's) first; the
+        // reader's hang-up only follows one
+        fed?;
+        top
+    })
+}
+
+/// A chunk's bytes and events: at most about this many (small in this crate's unit tests, so
+/// that their traces span several chunks and threads).
+const CHUNK_BYTES: usize = 1 << 18;
+const CHUNK_EVENTS: usize = if cfg!(test) { 3 } else { 2048 };
+
+/// Whole events' texts, back to back, for a parser thread.
+#[derive(Default)]
+struct Chunk {
+    seq: u64,
+    text: Vec<u8>,
+    /// Each event's range in `text`.
+    spans: Vec<(u32, u32)>,
+    /// Each event's byte offset in the trace.
+    at: Vec<u64>,
+    /// The index of the first event.
+    first: u64,
+}
+
+impl Chunk {
+    fn clear(&mut self) {
+        self.text.clear();
+        self.spans.clear();
+        self.at.clear();
+    }
+}
+
+/// A chunk's events, parsed (the first `parsed`; then the error, if one stopped it).
+struct Batch {
+    seq: u64,
+    events: Vec<Event>,
+    parsed: usize,
+    error: Option<TraceError>,
+}
+
+/// Threads that parse events, beside the one reading the text and the one feeding the state:
+/// none on one CPU, else one per CPU up to 3.
+fn parser_threads() -> usize {
+    match std::thread::available_parallelism().map_or(1, |n| n.get()) {
+        1 => 0,
+        n => n.min(3),
     }
 }
 
@@ -1713,7 +1892,7 @@ pub fn read_chrome<R: Read>(
     file: &str,
     opts: &TraceOptions,
 ) -> Result<TraceSummary, TraceError> {
-    read(reader, file, opts, false)
+    read(reader, file, opts, false, parser_threads())
 }
 
 /// Reads a Chrome trace whose events of a thread are not in the order they start (Kineto writes
@@ -1726,7 +1905,7 @@ pub fn read_chrome_sorted<R: Read>(
     file: &str,
     opts: &TraceOptions,
 ) -> Result<TraceSummary, TraceError> {
-    read(reader, file, opts, true)
+    read(reader, file, opts, true, parser_threads())
 }
 
 fn read<R: Read>(
@@ -1734,6 +1913,7 @@ fn read<R: Read>(
     file: &str,
     opts: &TraceOptions,
     sort: bool,
+    parsers: usize,
 ) -> Result<TraceSummary, TraceError> {
     let mut state = State {
         file: file.to_string(),
@@ -1775,7 +1955,18 @@ fn read<R: Read>(
         buffer: sort.then(Vec::new),
     };
     let mut sc = Scanner::new(reader);
-    let top = read_top(&mut sc, &mut state)?;
+    let top = match parsers {
+        0 => {
+            let keep = opts.arg_keys.clone();
+            let mut ev = Event::default();
+            let st = &mut state;
+            read_top(&mut sc, file, &mut |text, index, at| {
+                parse_event(text, &keep, &mut ev, file, index, at)?;
+                st.take(&mut ev)
+            })?
+        }
+        n => read_parallel(&mut sc, &mut state, n)?,
+    };
     let unit = top.unit;
     let mut notes = Vec::new();
     match top.cut {
@@ -2203,6 +2394,101 @@ mod tests {
         assert_eq!(s.device.unlinked, dropped);
         assert_eq!(s.device.unlinked_us, 2.0 * dropped as f64);
         assert_eq!(s.steps[0].kernels, n as u64 - dropped);
+    }
+
+    /// A Kineto-shaped trace of `steps` steps: per step a module span, two ops with args,
+    /// a runtime launch with its flow, a worker thread's span, and the kernels on two streams.
+    fn kineto_like(steps: usize) -> String {
+        let mut ev = Vec::new();
+        for i in 0..steps {
+            let t = i as f64 * 100.0;
+            let c = i * 10;
+            ev.push(format!(r#"{{"ph":"X","cat":"user_annotation","name":"ProfilerStep#{i}","pid":1,"tid":1,"ts":{t},"dur":90}}"#));
+            ev.push(format!(r#"{{"ph":"X","cat":"python_function","name":"nn.Module: Linear_0","pid":1,"tid":1,"ts":{},"dur":50,"args":{{"Python id":{c}}}}}"#, t + 1.0));
+            ev.push(format!(r#"{{"ph":"X","cat":"cpu_op","name":"aten::mm","pid":1,"tid":1,"ts":{},"dur":20,"args":{{"External id":{c},"Input Dims":[[4,{i}],[{i},8]],"Concrete Inputs":["", "a \"}}\" b"]}}}}"#, t + 2.0));
+            ev.push(format!(r#"{{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":{},"dur":3,"args":{{"External id":{c},"correlation":{}}}}}"#, t + 5.0, c + 1));
+            ev.push(format!(
+                r#"{{"ph":"s","id":{},"pid":1,"tid":1,"ts":{},"cat":"ac2g","name":"ac2g"}}"#,
+                c + 1,
+                t + 5.0
+            ));
+            ev.push(format!(r#"{{"ph":"X","cat":"cpu_op","name":"aten::add","pid":1,"tid":1,"ts":{},"dur":10,"args":{{"External id":{}}}}}"#, t + 30.0, c + 2));
+            ev.push(format!(
+                r#"{{"ph":"X","cat":"cpu_op","name":"worker","pid":1,"tid":2,"ts":{},"dur":30}}"#,
+                t + 55.0
+            ));
+        }
+        for i in 0..steps {
+            let t = i as f64 * 100.0;
+            let c = i * 10;
+            ev.push(format!(r#"{{"ph":"X","cat":"kernel","name":"gemm","pid":0,"tid":7,"ts":{},"dur":25,"args":{{"correlation":{}}}}}"#, t + 8.0, c + 1));
+            ev.push(format!(r#"{{"ph":"X","cat":"kernel","name":"nccl","pid":0,"tid":8,"ts":{},"dur":25,"args":{{"External id":{}}}}}"#, t + 20.0, c + 2));
+        }
+        format!(
+            "{{\"traceEvents\":[\n{}\n],\"displayTimeUnit\":\"us\"}}",
+            ev.join(",\n")
+        )
+    }
+
+    fn read_with(text: &str, parsers: usize) -> Result<TraceSummary, TraceError> {
+        super::read(
+            text.as_bytes(),
+            "t.json",
+            &opts(DEFAULT_STEP_PATTERN),
+            false,
+            parsers,
+        )
+    }
+
+    #[test]
+    fn events_parsed_on_other_threads_give_the_summary_read_on_one() {
+        // chunks of 3 events in this crate's tests: the trace spans dozens of chunks
+        let t = kineto_like(12);
+        let one = read_with(&t, 0).unwrap();
+        assert_eq!(one.steps.len(), 12);
+        assert_eq!(one.events, 12 * 9);
+        assert_eq!(one.device.events, 24);
+        // the two streams' kernels, 8..33 and 20..45 after each step's start: busy 37 of 50
+        assert!(one.steps.iter().all(|s| s.device_busy_us == 37.0));
+        for parsers in [1, 2, 3] {
+            assert_eq!(
+                read_with(&t, parsers).unwrap(),
+                one,
+                "{parsers} parser threads"
+            );
+        }
+        // errors: the first in the file's order, the same whatever the threads; a bad event
+        // in a late chunk after a spans' error in an early one, and alone
+        let overlap = t.replacen(
+            r#""name":"aten::add","pid":1,"tid":1,"ts":230"#,
+            r#""name":"aten::add","pid":1,"tid":1,"ts":221"#,
+            1,
+        );
+        assert_ne!(overlap, t);
+        let bad = overlap.replacen(
+            r#""name":"gemm","pid":0,"tid":7,"ts":908"#,
+            r#""name":"gemm","pid":0,"tid":7,"ts":nope"#,
+            1,
+        );
+        assert_ne!(bad, overlap);
+        let bad_alone = t.replacen(
+            r#""name":"gemm","pid":0,"tid":7,"ts":908"#,
+            r#""name":"gemm","pid":0,"tid":7,"ts":nope"#,
+            1,
+        );
+        for text in [&overlap, &bad, &bad_alone] {
+            let want = read_with(text, 0).unwrap_err().to_string();
+            for parsers in [1, 3] {
+                assert_eq!(read_with(text, parsers).unwrap_err().to_string(), want);
+            }
+        }
+        assert!(read_with(&bad, 2)
+            .unwrap_err()
+            .to_string()
+            .contains("overlap"));
+        let e = read_with(&bad_alone, 2).unwrap_err();
+        // 12 steps of 7 host events, then two kernels a step: step 9's first is event 102
+        assert!(matches!(e, TraceError::BadJson { index: 102, .. }), "{e}");
     }
 
     #[test]
