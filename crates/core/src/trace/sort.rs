@@ -17,13 +17,13 @@ use super::{Event, Id, State, TraceError};
 
 /// The most events held at once while sorting a trace out of start order: past this many, they
 /// are sorted and written to a temporary file as one run. An event held takes about 300 bytes
-/// (its fields and strings), so a run takes about 20 MB. Small in this crate's unit tests, so
+/// (its fields and strings), so a run takes about 10 MB. Small in this crate's unit tests, so
 /// that they spill several runs.
-pub const SORT_RUN_EVENTS: usize = if cfg!(test) { 64 } else { 1 << 16 };
+pub const SORT_RUN_EVENTS: usize = if cfg!(test) { 64 } else { 1 << 15 };
 
 /// The read buffers of all runs together while they are merged: each run reads its file in
-/// chunks of this over the number of runs (between 4 KiB and 1 MiB).
-const MERGE_READ_BYTES: usize = 16 << 20;
+/// chunks of this over the number of runs (between 4 KiB and 256 KiB).
+const MERGE_READ_BYTES: usize = 4 << 20;
 
 /// The order events are read in: by start; at one instant the longer span first (a parent
 /// before its child); events without a start (metadata) first. Equal events keep the file's
@@ -165,7 +165,7 @@ impl Sorter {
         };
         let (runs, bytes) = (spill.runs, spill.bytes);
         let mut f = spill.out.into_inner().map_err(|e| tmp(e.into_error()))?;
-        let chunk = (MERGE_READ_BYTES / runs.len()).clamp(4 << 10, 1 << 20);
+        let chunk = (MERGE_READ_BYTES / runs.len()).clamp(4 << 10, 256 << 10);
         let mut cursors: Vec<Cursor> = runs
             .iter()
             .map(|&(start, end)| Cursor {
