@@ -486,4 +486,38 @@ mod tests {
             assert!(decode(&b).is_err());
         }
     }
+
+    #[test]
+    fn a_run_cut_short_is_an_io_error_naming_the_trace_and_the_temporary_file() {
+        let mut b = Vec::new();
+        encode(&Event::default(), &mut b);
+        let mut f = tempfile::tempfile().unwrap();
+        // a whole event, then the length of another and half of it
+        for part in [&b[..], &b[..b.len() / 2]] {
+            f.write_all(&(b.len() as u32).to_le_bytes()).unwrap();
+            f.write_all(part).unwrap();
+        }
+        let end = f.stream_position().unwrap();
+        let mut c = Cursor {
+            next: 0,
+            end,
+            buf: Vec::new(),
+            at: 0,
+            chunk: 4 << 10,
+        };
+        assert!(same(
+            &c.next_event(&mut f).unwrap().unwrap(),
+            &Event::default()
+        ));
+        let Err(e) = c.next_event(&mut f) else {
+            panic!("a run cut inside an event was read")
+        };
+        let msg = temp_error("t.json", e).to_string();
+        assert!(
+            msg.starts_with(
+                "t.json: the temporary file the events are sorted in: a run ends inside an event"
+            ),
+            "{msg}"
+        );
+    }
 }
