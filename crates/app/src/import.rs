@@ -438,7 +438,8 @@ fn read_trace(req: &ImportRequest, file: &str, opts: &TraceOptions) -> Result<Tr
         Ok(std::io::BufReader::with_capacity(1 << 20, reader))
     };
     // streamed; a trace whose threads' events are not in start order (Kineto with Python
-    // stacks) is read again, held and sorted (a note says so)
+    // stacks) is read again sorted by start, in runs on a temporary file past a cap (a note says
+    // how)
     Ok(match read_chrome(open()?, file, opts) {
         Err(TraceError::OutOfOrder { .. }) => read_chrome_sorted(open()?, file, opts)?,
         r => r?,

@@ -47,7 +47,9 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 
 mod scan;
+mod sort;
 use scan::Scanner;
+pub use sort::SORT_RUN_EVENTS;
 
 /// Timestamps closer than this (in the trace's unit) are the same instant: `ts + dur` of a
 /// child written with rounded floats may pass its parent's end by a rounding step.
@@ -749,18 +751,15 @@ struct State<'o> {
     any_device: bool,
     /// Spans clipped at a step's boundary they crossed (see [`State::begin`]).
     clipped: u64,
-    /// Events held to be sorted by start before they are read ([`read_chrome_sorted`]).
-    buffer: Option<Vec<Event>>,
+    /// Events sorted by start before they are read ([`read_chrome_sorted`]).
+    buffer: Option<sort::Sorter>,
 }
 
 impl<'o> State<'o> {
     /// An event read: fed to the state, or held to be sorted.
     fn take(&mut self, ev: &mut Event) -> Result<(), TraceError> {
         match &mut self.buffer {
-            Some(buffer) => {
-                buffer.push(ev.clone());
-                Ok(())
-            }
+            Some(buffer) => buffer.push(ev),
             None => self.event(ev),
         }
     }
@@ -1587,7 +1586,7 @@ fn read_top<R: Read>(sc: &mut Scanner<R>, file: &str, sink: &mut Sink) -> Result
                 let at = sc.offset();
                 if sc.peek().map_err(io)? != Some(b':') {
                     return Err(syntax(
-                        &file,
+                        file,
                         at,
                         format!("expected `:` after the key \"{key}\""),
                     ));
@@ -1596,7 +1595,7 @@ fn read_top<R: Read>(sc: &mut Scanner<R>, file: &str, sink: &mut Sink) -> Result
                 let at = sc.offset();
                 let Some(b) = sc.peek().map_err(io)? else {
                     return Err(syntax(
-                        &file,
+                        file,
                         at,
                         format!("the text stops before the value of \"{key}\""),
                     ));
@@ -1614,7 +1613,7 @@ fn read_top<R: Read>(sc: &mut Scanner<R>, file: &str, sink: &mut Sink) -> Result
                 } else {
                     let Some(v) = sc.value().map_err(io)? else {
                         return Err(syntax(
-                            &file,
+                            file,
                             at,
                             format!("the text stops inside the value of \"{key}\""),
                         ));
@@ -1636,7 +1635,7 @@ fn read_top<R: Read>(sc: &mut Scanner<R>, file: &str, sink: &mut Sink) -> Result
                     Some(_) => return Err(syntax(file, at, "expected `,` or `}` after a value")),
                     None => {
                         return Err(syntax(
-                            &file,
+                            file,
                             at,
                             "the text stops before the object's closing `}`",
                         ))
@@ -1730,9 +1729,9 @@ fn read_parallel<R: Read>(
     use std::sync::{mpsc, Arc, Mutex};
     let file = state.file.clone();
     let keep = state.opts.arg_keys.clone();
-    let (chunk_tx, chunk_rx) = mpsc::sync_channel::<Chunk>(2 * parsers);
+    let (chunk_tx, chunk_rx) = mpsc::sync_channel::<Chunk>(parsers);
     let chunk_rx = Arc::new(Mutex::new(chunk_rx));
-    let (batch_tx, batch_rx) = mpsc::sync_channel::<Batch>(2 * parsers);
+    let (batch_tx, batch_rx) = mpsc::sync_channel::<Batch>(parsers);
     let (free_tx, free_rx) = mpsc::channel::<Chunk>();
     let (spare_tx, spare_rx) = mpsc::channel::<Vec<Event>>();
     let spare_rx = Arc::new(Mutex::new(spare_rx));
@@ -1831,7 +1830,6 @@ fn read_parallel<R: Read>(
                 top = Err(e);
             }
         }
-        drop(send);
         drop(chunk_tx);
         let fed = consumer
             .join()
@@ -1845,8 +1843,8 @@ fn read_parallel<R: Read>(
 
 /// A chunk's bytes and events: at most about this many (small in this crate's unit tests, so
 /// that their traces span several chunks and threads).
-const CHUNK_BYTES: usize = 1 << 18;
-const CHUNK_EVENTS: usize = if cfg!(test) { 3 } else { 2048 };
+const CHUNK_BYTES: usize = 1 << 17;
+const CHUNK_EVENTS: usize = if cfg!(test) { 3 } else { 1024 };
 
 /// Whole events' texts, back to back, for a parser thread.
 #[derive(Default)]
@@ -1896,10 +1894,12 @@ pub fn read_chrome<R: Read>(
 }
 
 /// Reads a Chrome trace whose events of a thread are not in the order they start (Kineto writes
-/// a thread's CPU ops, then its Python calls, each in order): every event is held, sorted by
-/// start (the longer first at one instant, so a parent comes before its child; the file's order
-/// otherwise), then read as [`read_chrome`] reads. Memory grows with the events, not only with
-/// the distinct spans; the summary carries a note saying so.
+/// a thread's CPU ops, then its Python calls, each in order): the events are sorted by start
+/// (the longer first at one instant, so a parent comes before its child; the file's order
+/// otherwise), then read as [`read_chrome`] reads. Up to [`SORT_RUN_EVENTS`] they are sorted in
+/// memory; past that, in runs of that many written to a temporary file and merged (an external
+/// merge sort), so memory stays bounded by one run, not by the events. The summary carries a
+/// note saying which.
 pub fn read_chrome_sorted<R: Read>(
     reader: R,
     file: &str,
@@ -1952,7 +1952,7 @@ fn read<R: Read>(
         device: DeviceTotals::default(),
         any_device: false,
         clipped: 0,
-        buffer: sort.then(Vec::new),
+        buffer: sort.then(|| sort::Sorter::new(file)),
     };
     let mut sc = Scanner::new(reader);
     let top = match parsers {
@@ -1998,24 +1998,11 @@ fn read<R: Read>(
         Some("ns") => (1e-3, "ns"),
         _ => (1.0, "us"),
     };
-    if let Some(mut buffer) = state.buffer.take() {
-        let held = buffer.len();
-        // by start; at one instant the longer span first (a parent before its child); events
-        // without a start (metadata) first; the file's order otherwise (a stable sort)
-        buffer.sort_by(|a, b| {
-            let ka = (a.ts.unwrap_or(f64::NEG_INFINITY), -a.dur.unwrap_or(0.0));
-            let kb = (b.ts.unwrap_or(f64::NEG_INFINITY), -b.dur.unwrap_or(0.0));
-            ka.0.total_cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
-        });
+    if let Some(sorter) = state.buffer.take() {
+        // by start, the longer first at one instant, the file's order otherwise
         state.events = 0;
-        for mut ev in buffer {
-            state.event(&mut ev)?;
-        }
-        notes.push(format!(
-            "{file}: the events of a thread are not in the order they start (Kineto writes a \
-             thread's CPU ops, then its Python calls): all {held} events were held and sorted \
-             by start before being read, so memory grew with the trace"
-        ));
+        let sorted = sorter.finish(&mut state)?;
+        notes.push(sorted.note(file));
     }
     let clipped = state.clipped;
     let mut summary = state.into_summary(scale, name)?;
@@ -2332,10 +2319,169 @@ mod tests {
         assert_eq!(mm.parent, "aten::linear");
         assert_eq!(s.events, 5);
         assert!(
-            s.notes[0].contains("all 5 events were held and sorted"),
+            s.notes[0]
+                .contains("the 5 events (at most 64 are held) were held in memory and sorted"),
             "{:?}",
             s.notes
         );
+    }
+
+    /// Ten steps of Kineto's order, as (ts, dur, event text) in file order: three metadata
+    /// events, then the CPU thread's `cpu_op`s and runtime calls (with each step's annotation)
+    /// of all steps in start order, then its Python calls in start order, then the kernels.
+    /// Per step at `b` = 1000 x step: ProfilerStep 0..900 > forward 10..810 > four layers at
+    /// `l` = b + 20 + 150 i: Linear (python) l..l+140 > aten::linear l..l+120 = aten::matmul
+    /// l..l+120 (the same extent: the first in the file is the parent) > aten::mm l..l+100 >
+    /// launch l+50..l+60, whose kernel runs l+55..l+85 on device 0.
+    fn kineto_ordered() -> Vec<(f64, f64, String)> {
+        let x = |cat: &str, name: &str, ts: f64, dur: f64, pid: u32, args: &str| {
+            (
+                ts,
+                dur,
+                format!(
+                    r#"{{"ph":"X","cat":"{cat}","name":"{name}","ts":{ts},"dur":{dur},"pid":{pid},"tid":{pid}{args}}}"#
+                ),
+            )
+        };
+        let meta = |name: &str, pid: u32| {
+            (
+                f64::NEG_INFINITY,
+                0.0,
+                format!(
+                    r#"{{"ph":"M","name":"{name}","pid":{pid},"tid":0,"args":{{"name":"x"}}}}"#
+                ),
+            )
+        };
+        let mut cpu = Vec::new();
+        let mut python = Vec::new();
+        let mut kernels = Vec::new();
+        for step in 0..10 {
+            let b = 1000.0 * step as f64;
+            cpu.push(x(
+                "user_annotation",
+                &format!("ProfilerStep#{step}"),
+                b,
+                900.0,
+                1,
+                "",
+            ));
+            python.push(x("python_function", "forward", b + 10.0, 800.0, 1, ""));
+            for i in 0..4 {
+                let l = b + 20.0 + 150.0 * i as f64;
+                let c = format!(r#","args":{{"correlation":{}}}"#, step * 4 + i);
+                python.push(x("python_function", "nn.Module: Linear", l, 140.0, 1, ""));
+                cpu.push(x("cpu_op", "aten::linear", l, 120.0, 1, ""));
+                cpu.push(x("cpu_op", "aten::matmul", l, 120.0, 1, ""));
+                cpu.push(x("cpu_op", "aten::mm", l, 100.0, 1, ""));
+                cpu.push(x("cuda_runtime", "cudaLaunchKernel", l + 50.0, 10.0, 1, &c));
+                kernels.push(x("kernel", "gemm", l + 55.0, 30.0, 0, &c));
+            }
+        }
+        let mut events = vec![
+            meta("process_name", 1),
+            meta("thread_name", 1),
+            meta("process_name", 0),
+        ];
+        events.extend(cpu);
+        events.extend(python);
+        events.extend(kernels);
+        events
+    }
+
+    fn trace_of(events: &[(f64, f64, String)]) -> String {
+        let texts: Vec<&str> = events.iter().map(|e| e.2.as_str()).collect();
+        format!(r#"{{"traceEvents":[{}]}}"#, texts.join(",\n"))
+    }
+
+    #[test]
+    fn a_trace_sorted_in_runs_on_disk_reads_as_the_same_events_in_start_order() {
+        let events = kineto_ordered();
+        assert_eq!(events.len(), 3 + 10 * (17 + 5 + 4));
+        // two events of one start and duration lie on both sides of a run's end (indices 63
+        // and 64, 127 and 128: aten::linear and aten::matmul), so the merge must keep the
+        // file's order across runs
+        for at in [63, 127] {
+            assert!(events[at].2.contains("aten::linear"), "{}", events[at].2);
+            assert!(events[at + 1].2.contains("aten::matmul"));
+            assert_eq!(events[at].0, events[at + 1].0);
+        }
+        // the same events in start order, the longer first, the file's order otherwise
+        let mut sorted = events.clone();
+        sorted.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        let o = opts(DEFAULT_STEP_PATTERN);
+        let t = trace_of(&events);
+        let e = read_chrome(t.as_bytes(), "t.json", &o).unwrap_err();
+        assert!(matches!(e, TraceError::OutOfOrder { .. }), "{e}");
+        let mut s = read_chrome_sorted(t.as_bytes(), "t.json", &o).unwrap();
+        let expected = read_chrome(trace_of(&sorted).as_bytes(), "t.json", &o).unwrap();
+        assert!(expected.notes.is_empty(), "{:?}", expected.notes);
+        // 263 events: 4 runs of 64 and one of 7
+        assert_eq!(s.notes.len(), 1);
+        assert!(
+            s.notes[0].contains("the 263 events were sorted by start in 5 runs of at most 64"),
+            "{:?}",
+            s.notes
+        );
+        s.notes.clear();
+        assert_eq!(s, expected);
+        // and by hand, per step: the step 900 - 800; forward 800 - 4 x 140; Linear 4 x (140 -
+        // 120); aten::linear 120 - 120 (aten::matmul, the second in the file, is its child);
+        // aten::matmul 4 x (120 - 100); aten::mm 4 x (100 - 10); the launch 4 x 10
+        assert_eq!(s.steps.len(), 10);
+        for step in 0..10 {
+            assert_eq!(s.steps[step].wall_us, 900.0);
+            assert_eq!(self_of(&s, step, &format!("ProfilerStep#{step}")), 100.0);
+            assert_eq!(self_of(&s, step, "forward"), 240.0);
+            assert_eq!(self_of(&s, step, "nn.Module: Linear"), 80.0);
+            assert_eq!(self_of(&s, step, "aten::linear"), 0.0);
+            assert_eq!(self_of(&s, step, "aten::matmul"), 80.0);
+            assert_eq!(self_of(&s, step, "aten::mm"), 360.0);
+            assert_eq!(self_of(&s, step, "cudaLaunchKernel"), 40.0);
+            assert_eq!(s.steps[step].kernels, 4);
+            assert_eq!(s.steps[step].device_busy_us, 120.0);
+            let gemm = s.keys.iter().position(|k| k.name == "gemm").unwrap();
+            assert_eq!(s.steps[step].device_us[gemm], 120.0);
+        }
+        let matmul = s.keys.iter().find(|k| k.name == "aten::matmul").unwrap();
+        assert_eq!(matmul.parent, "aten::linear");
+        assert_eq!(s.keys.iter().filter(|k| k.name == "aten::mm").count(), 1);
+        assert_eq!(s.events, 263);
+        assert_eq!(s.device.events, 40);
+    }
+
+    #[test]
+    fn a_trace_sorted_in_runs_says_how_many_and_their_bytes() {
+        // 65 events out of order: one full run of 64 and one of 1
+        let mut events: Vec<String> = (0..65)
+            .map(|i| {
+                format!(
+                    r#"{{"ph":"X","name":"op","ts":{},"dur":1,"pid":1,"tid":1}}"#,
+                    64 - i
+                )
+            })
+            .collect();
+        events.insert(
+            0,
+            r#"{"ph":"X","name":"forward","ts":0,"dur":100,"pid":1,"tid":1}"#.to_string(),
+        );
+        events.pop();
+        let t = format!(r#"{{"traceEvents":[{}]}}"#, events.join(","));
+        let s = read_chrome_sorted(t.as_bytes(), "t.json", &opts("^forward$")).unwrap();
+        // each event: 4 (length) + 4 + 7 ("forward") or 2 ("op") + 4 (no category) + 1 (ph)
+        // + 9 + 9 (ts, dur) + 9 + 9 (pid, tid) + 4 (no args) + 1 + 1 (no ids) + 1 (no id)
+        let bytes = 4 + 4 + 2 + 4 + 1 + 9 + 9 + 9 + 9 + 4 + 1 + 1 + 1;
+        assert!(
+            s.notes[0].contains(&format!(
+                "the 65 events were sorted by start in 2 runs of at most 64 events written to \
+                 a temporary file ({} bytes",
+                65 * bytes + 5
+            )),
+            "{:?}",
+            s.notes
+        );
+        assert_eq!(s.steps.len(), 1);
+        assert_eq!(self_of(&s, 0, "forward"), 100.0 - 64.0);
+        assert_eq!(self_of(&s, 0, "op"), 64.0);
     }
 
     #[test]
