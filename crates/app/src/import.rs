@@ -25,7 +25,7 @@ use opledger_core::trace::{
 use regex::Regex;
 use serde::Serialize;
 
-use crate::model::{hash_file, ModelFile};
+use crate::model::{hash_file, HashingReader, ModelFile};
 
 /// The manifest's command for an imported run.
 pub const IMPORT_COMMAND: &str = "import";
@@ -393,57 +393,56 @@ pub fn run(req: &ImportRequest, model: Option<&ModelFile>) -> Result<Imported> {
         context: rules.context(),
     };
     let file = req.trace.display().to_string();
-    // the file's hash for the manifest, on another core while the trace is read (the file is
-    // read twice, the second time from the page cache)
-    std::thread::scope(|scope| {
-        let hashing = scope.spawn(|| hash_file(&req.trace));
-        let read = read_trace(req, &file, &opts);
-        let hash = hashing
-            .join()
-            .map_err(|_| anyhow::anyhow!("{file}: hashing the file stopped"))??;
-        let mut trace = read?;
-        let skip = req.skip_steps as usize;
-        if skip >= trace.steps.len() {
-            bail!(
-                "{file}: --skip-steps {skip} leaves no step of the {} the trace holds",
-                trace.steps.len()
-            );
-        }
-        trace.steps.drain(..skip);
-        build(req, &rules, &pattern, &trace, hash, model)
-    })
+    let (mut trace, hash) = read_trace(req, &file, &opts)?;
+    let skip = req.skip_steps as usize;
+    if skip >= trace.steps.len() {
+        bail!(
+            "{file}: --skip-steps {skip} leaves no step of the {} the trace holds",
+            trace.steps.len()
+        );
+    }
+    trace.steps.drain(..skip);
+    build(req, &rules, &pattern, &trace, hash, model)
 }
 
-/// Reads the trace at `req.trace`, streamed.
-fn read_trace(req: &ImportRequest, file: &str, opts: &TraceOptions) -> Result<TraceSummary> {
+/// Reads the trace at `req.trace`, streamed, and hashes the file's bytes as they are read.
+fn read_trace(
+    req: &ImportRequest,
+    file: &str,
+    opts: &TraceOptions,
+) -> Result<(TraceSummary, crate::model::FileHash)> {
+    use std::io::Read;
     // a gzip file (what torch.profiler writes for a name ending in .gz) is read through the
-    // decoder, streamed like the plain text
-    let open = || -> Result<std::io::BufReader<Box<dyn std::io::Read>>> {
-        use std::io::Read;
-        let mut f = std::fs::File::open(&req.trace).with_context(|| format!("opening {file}"))?;
-        let mut magic = [0u8; 2];
-        let gz = f
-            .read(&mut magic)
-            .with_context(|| format!("reading {file}"))?
-            == 2
-            && magic == [0x1f, 0x8b];
-        let f = std::fs::File::open(&req.trace).with_context(|| format!("opening {file}"))?;
-        let reader: Box<dyn std::io::Read> = if gz {
-            Box::new(flate2::read::MultiGzDecoder::new(
-                std::io::BufReader::with_capacity(1 << 16, f),
-            ))
-        } else {
-            Box::new(f)
-        };
-        Ok(std::io::BufReader::with_capacity(1 << 20, reader))
-    };
+    // decoder, streamed like the plain text; the hash is of the file's own bytes
+    let mut magic = [0u8; 2];
+    let gz = std::fs::File::open(&req.trace)
+        .and_then(|mut f| f.read(&mut magic))
+        .with_context(|| format!("reading {file}"))?
+        == 2
+        && magic == [0x1f, 0x8b];
     // streamed; a trace whose threads' events are not in start order (Kineto with Python
     // stacks) is read again sorted by start, in runs on a temporary file past a cap (a note says
     // how)
-    Ok(match read_chrome(open()?, file, opts) {
-        Err(TraceError::OutOfOrder { .. }) => read_chrome_sorted(open()?, file, opts)?,
-        r => r?,
-    })
+    let mut first = HashingReader::open(&req.trace)?;
+    match read_chrome(trace_text(&mut first, gz), file, opts) {
+        Err(TraceError::OutOfOrder { .. }) => {
+            let mut again = HashingReader::open(&req.trace)?;
+            let trace = read_chrome_sorted(trace_text(&mut again, gz), file, opts)?;
+            Ok((trace, again.finish()?))
+        }
+        r => Ok((r?, first.finish()?)),
+    }
+}
+
+/// The trace's text: the file's bytes, or what a gzip file decodes to.
+fn trace_text(file: &mut HashingReader, gz: bool) -> Box<dyn std::io::Read + '_> {
+    if gz {
+        Box::new(flate2::read::MultiGzDecoder::new(
+            std::io::BufReader::with_capacity(1 << 16, file),
+        ))
+    } else {
+        Box::new(file)
+    }
 }
 
 fn build(

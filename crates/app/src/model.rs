@@ -151,6 +151,51 @@ pub fn hash_file(path: &Path) -> Result<FileHash> {
     })
 }
 
+/// A file hashed as it is read: a file read once for its content (a trace) needs no second read
+/// for its identity in the manifest.
+pub struct HashingReader {
+    file: std::fs::File,
+    path: PathBuf,
+    hasher: blake3::Hasher,
+    size: u64,
+}
+
+impl HashingReader {
+    pub fn open(path: &Path) -> Result<HashingReader> {
+        Ok(HashingReader {
+            file: std::fs::File::open(path)
+                .with_context(|| format!("opening {}", path.display()))?,
+            path: path.to_path_buf(),
+            hasher: blake3::Hasher::new(),
+            size: 0,
+        })
+    }
+
+    /// The whole file's identity: the part not read yet is read and hashed first.
+    pub fn finish(mut self) -> Result<FileHash> {
+        let mut buf = vec![0u8; 1 << 20];
+        while self
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", self.path.display()))?
+            > 0
+        {}
+        Ok(FileHash {
+            path: self.path.display().to_string(),
+            size_bytes: self.size,
+            blake3: self.hasher.finalize().to_hex().to_string(),
+        })
+    }
+}
+
+impl Read for HashingReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.size += n as u64;
+        Ok(n)
+    }
+}
+
 /// The preset of the built-in default model.
 pub const DEFAULT_PRESET: &str = "tiny-qwen35moe";
 
