@@ -263,8 +263,13 @@ pub(crate) fn contents_line(
     if rows.is_empty() {
         return None;
     }
-    let items: Vec<String> = rows
+    // the largest first; past CONTENTS_SHOWN (an imported trace may have thousands of names)
+    // the rest is one figure, every row being in summary.json
+    let mut order: Vec<&opledger_core::profile::NameRow> = rows.iter().collect();
+    order.sort_by(|a, b| b.ms_per_token.total_cmp(&a.ms_per_token));
+    let mut items: Vec<String> = order
         .iter()
+        .take(CONTENTS_SHOWN)
         .map(|r| {
             format!(
                 "{} ({}, {}×, {:.4})",
@@ -275,8 +280,19 @@ pub(crate) fn contents_line(
             )
         })
         .collect();
+    if order.len() > CONTENTS_SHOWN {
+        let rest = &order[CONTENTS_SHOWN..];
+        items.push(format!(
+            "and {} more names ({:.4} ms/token together; all in summary.json)",
+            rest.len(),
+            rest.iter().map(|r| r.ms_per_token).sum::<f64>()
+        ));
+    }
     Some(format!("{label}: {}", items.join(", ")))
 }
+
+/// Names listed on a band's contents line; the rest is summed.
+const CONTENTS_SHOWN: usize = 12;
 
 /// The terminal rendering.
 pub fn profile_text(m: &Manifest, s: &ProfileSummary) -> String {
@@ -574,4 +590,41 @@ pub fn parallel_csv(runs: &[&ProfileSummary]) -> Result<String, csv::Error> {
     }
     let bytes = w.into_inner().map_err(|e| e.into_error())?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opledger_core::profile::NameRow;
+
+    fn row(name: &str, ms: f64) -> NameRow {
+        NameRow {
+            name: name.into(),
+            ops: vec!["MUL".into()],
+            nodes: 2,
+            ms_per_token: ms,
+        }
+    }
+
+    #[test]
+    fn a_contents_line_lists_the_largest_names_then_sums_the_rest() {
+        assert_eq!(contents_line("other holds", &[]), None);
+        let few = [row("a", 0.5), row("b", 1.5)];
+        assert_eq!(
+            contents_line("other holds", &few).unwrap(),
+            "other holds: b (MUL, 2×, 1.5000), a (MUL, 2×, 0.5000)"
+        );
+        // 20 names of 0.01 .. 0.20: the 12 largest (0.20 down to 0.09), then 8 more summing
+        // 0.01 + ... + 0.08 = 0.36
+        let many: Vec<NameRow> = (1..=20)
+            .map(|i| row(&format!("n{i}"), i as f64 / 100.0))
+            .collect();
+        let line = contents_line("other holds", &many).unwrap();
+        assert!(
+            line.starts_with("other holds: n20 (MUL, 2×, 0.2000), n19"),
+            "{line}"
+        );
+        assert!(line.contains("n9 (MUL, 2×, 0.0900), and 8 more names (0.3600 ms/token together; all in summary.json)"), "{line}");
+        assert!(!line.contains("n8 "), "{line}");
+    }
 }
