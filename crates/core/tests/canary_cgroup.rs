@@ -207,11 +207,25 @@ fn a_cpu_quota_slows_the_canary_and_not_the_proc_gate() {
         proc_flagged <= 1,
         "the /proc gate flagged {proc_flagged} of {RUNS} throttled runs on a quiet machine"
     );
-    // and on a quiet machine the canary tells the quota from no quota
+    // and the canary tells the quota from no quota: its slowdown under the quota (typically
+    // 5-14, i.e. 6-15x its best) is above every one before it. How many runs it flagged before
+    // the quota is not asserted: on these shared machines the canary is slowed by 25-65 % now
+    // and then with /proc quiet (3 of 6 runs once), which is the noise it is there to see
     let quiet_flagged = quiet.iter().filter(|r| r.2).count();
+    say(&format!(
+        "the canary flagged {quiet_flagged} of {RUNS} runs before the quota"
+    ));
+    let slowdowns = |v: &[(f64, bool, bool, f64)]| {
+        let mut s: Vec<f64> = v.iter().map(|r| r.3).collect();
+        s.sort_by(f64::total_cmp);
+        s
+    };
+    let (before, under) = (slowdowns(&quiet), slowdowns(&throttled));
     assert!(
-        quiet_flagged <= 2,
-        "the canary flagged {quiet_flagged} of {RUNS} runs before the quota on a quiet machine"
+        under[RUNS / 2] > before[RUNS - 1],
+        "the canary's median slowdown under the quota {:.2} is not above its largest before it {:.2}",
+        under[RUNS / 2],
+        before[RUNS - 1]
     );
     if kept.busiest_share_of_cpu <= cfg.max_others && kept.machine_share <= cfg.max_others {
         assert!(gate.stats.rejected_by_canary >= 1, "{:?}", gate.stats);
