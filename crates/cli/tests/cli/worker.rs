@@ -208,10 +208,19 @@ fn an_a_a_of_the_worker_and_the_embedded_engine_is_the_same_output_and_no_slower
             Some(0.0),
             "{name}: {r}"
         );
-        // the same code in two processes is no change: never a verdict of faster or slower
+        // the same code in two processes is no change: never a verdict of faster or slower.
+        // The worker against the embedded engine is the same code in another process, not an
+        // A/A: the embedded engine shares opledger's process (its gate, its progress) and once,
+        // in a full CI run with other tests beside it, the worker came out faster in all six
+        // pairs (B/A 0.77 [0.73-0.87], control 0.99); what is asserted there is "no slower"
         let verdict = r["verdict"].as_str().unwrap_or_default();
+        let allowed: &[&str] = if name == "aa" {
+            &["no_change", "inconclusive"]
+        } else {
+            &["no_change", "inconclusive", "faster"]
+        };
         assert!(
-            verdict == "no_change" || verdict == "inconclusive",
+            allowed.contains(&verdict),
             "{name}: verdict {verdict}: {r} {err}"
         );
         assert_eq!(
