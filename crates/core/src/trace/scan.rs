@@ -69,24 +69,8 @@ impl Walk {
                 esc,
             } => loop {
                 if *in_str {
-                    if *esc {
-                        if i >= s.len() {
-                            return None;
-                        }
-                        *esc = false;
-                        i += 1;
-                    }
-                    match memchr::memchr2(b'"', b'\\', &s[i..]) {
-                        None => return None,
-                        Some(j) if s[i + j] == b'\\' => {
-                            *esc = true;
-                            i += j + 1;
-                        }
-                        Some(j) => {
-                            *in_str = false;
-                            i += j + 1;
-                        }
-                    }
+                    i = string_end(s, i, esc)?;
+                    *in_str = false;
                 } else {
                     match memchr::memchr3(*open, *close, b'"', &s[i..]) {
                         None => return None,
@@ -115,27 +99,34 @@ impl Walk {
                     *opened = true;
                     i = 1;
                 }
-                loop {
-                    if *esc {
-                        if i >= s.len() {
-                            return None;
-                        }
-                        *esc = false;
-                        i += 1;
-                    }
-                    match memchr::memchr2(b'"', b'\\', &s[i..]) {
-                        None => return None,
-                        Some(j) if s[i + j] == b'\\' => {
-                            *esc = true;
-                            i += j + 1;
-                        }
-                        Some(j) => return Some(i + j + 1),
-                    }
-                }
+                string_end(s, i, esc)
             }
             Walk::Scalar => s
                 .iter()
                 .position(|b| matches!(b, b',' | b']' | b'}' | b' ' | b'\n' | b'\r' | b'\t')),
+        }
+    }
+}
+
+/// Inside a string from `s[i..]` (after a backslash when `esc`): the length of `s` up to and
+/// including the closing quote, or None when `s` ends first (`esc` then says whether it ended
+/// right after a backslash).
+fn string_end(s: &[u8], mut i: usize, esc: &mut bool) -> Option<usize> {
+    loop {
+        if *esc {
+            if i >= s.len() {
+                return None;
+            }
+            *esc = false;
+            i += 1;
+        }
+        match memchr::memchr2(b'"', b'\\', &s[i..]) {
+            None => return None,
+            Some(j) if s[i + j] == b'\\' => {
+                *esc = true;
+                i += j + 1;
+            }
+            Some(j) => return Some(i + j + 1),
         }
     }
 }
