@@ -828,28 +828,33 @@ mod tests {
     use super::*;
     use crate::engine::{ChunkTiming, Engine, EngineInfo, Mode, Work};
 
+    /// The test engines below only replay: the rest of `Engine` is never called.
+    macro_rules! replay_only {
+        ($($engine:ident),*) => {$(
+            impl Engine for $engine {
+                fn info(&self) -> EngineInfo {
+                    unimplemented!()
+                }
+                fn prepare(&mut self, _: &Work) -> Result<(), EngineError> {
+                    Ok(())
+                }
+                fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
+                    Ok(vec![])
+                }
+                fn run(&mut self, _: Mode) -> Result<ChunkTiming, EngineError> {
+                    unimplemented!()
+                }
+                fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
+                    Some(self)
+                }
+            }
+        )*};
+    }
+    replay_only!(Exact, Launching, Intercept, Noisy, Burst);
+
     /// Replaying a node costs exactly its cost; cutting costs nothing.
     struct Exact {
         cost: Vec<f64>,
-    }
-
-    impl Engine for Exact {
-        fn info(&self) -> EngineInfo {
-            unimplemented!()
-        }
-        fn prepare(&mut self, _: &Work) -> Result<(), EngineError> {
-            Ok(())
-        }
-        fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
-            Ok(vec![])
-        }
-        fn run(&mut self, _: Mode) -> Result<ChunkTiming, EngineError> {
-            unimplemented!()
-        }
-
-        fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
-            Some(self)
-        }
     }
 
     impl ReplayEngine for Exact {
@@ -954,25 +959,6 @@ mod tests {
                 .map(|(&c, _)| per_node(c))
                 .sum();
             base + cuts + extra
-        }
-    }
-
-    impl Engine for Launching {
-        fn info(&self) -> EngineInfo {
-            unimplemented!()
-        }
-        fn prepare(&mut self, _: &Work) -> Result<(), EngineError> {
-            Ok(())
-        }
-        fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
-            Ok(vec![])
-        }
-        fn run(&mut self, _: Mode) -> Result<ChunkTiming, EngineError> {
-            unimplemented!()
-        }
-
-        fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
-            Some(self)
         }
     }
 
@@ -1090,25 +1076,6 @@ mod tests {
         b: Vec<f64>,
     }
 
-    impl Engine for Intercept {
-        fn info(&self) -> EngineInfo {
-            unimplemented!()
-        }
-        fn prepare(&mut self, _: &Work) -> Result<(), EngineError> {
-            Ok(())
-        }
-        fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
-            Ok(vec![])
-        }
-        fn run(&mut self, _: Mode) -> Result<ChunkTiming, EngineError> {
-            unimplemented!()
-        }
-
-        fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
-            Some(self)
-        }
-    }
-
     impl ReplayEngine for Intercept {
         fn replay(
             &mut self,
@@ -1223,25 +1190,6 @@ mod tests {
     struct Noisy {
         cost: Vec<f64>,
         calls: u32,
-    }
-
-    impl Engine for Noisy {
-        fn info(&self) -> EngineInfo {
-            unimplemented!()
-        }
-        fn prepare(&mut self, _: &Work) -> Result<(), EngineError> {
-            Ok(())
-        }
-        fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
-            Ok(vec![])
-        }
-        fn run(&mut self, _: Mode) -> Result<ChunkTiming, EngineError> {
-            unimplemented!()
-        }
-
-        fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
-            Some(self)
-        }
     }
 
     impl ReplayEngine for Noisy {
@@ -1470,25 +1418,6 @@ mod tests {
         calls: u32,
         burst_call: u32,
         burst_ms: f64,
-    }
-
-    impl Engine for Burst {
-        fn info(&self) -> EngineInfo {
-            unimplemented!()
-        }
-        fn prepare(&mut self, _: &Work) -> Result<(), EngineError> {
-            Ok(())
-        }
-        fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
-            Ok(vec![])
-        }
-        fn run(&mut self, _: Mode) -> Result<ChunkTiming, EngineError> {
-            unimplemented!()
-        }
-
-        fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
-            Some(self)
-        }
     }
 
     impl ReplayEngine for Burst {
