@@ -130,25 +130,7 @@ pub struct FileHash {
 }
 
 pub fn hash_file(path: &Path) -> Result<FileHash> {
-    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut hasher = blake3::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut size = 0u64;
-    loop {
-        let n = f
-            .read(&mut buf)
-            .with_context(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        size += n as u64;
-        hasher.update(&buf[..n]);
-    }
-    Ok(FileHash {
-        path: path.display().to_string(),
-        size_bytes: size,
-        blake3: hasher.finalize().to_hex().to_string(),
-    })
+    HashingReader::open(path)?.finish()
 }
 
 /// A file hashed as it is read: a file read once for its content (a trace) needs no second read
