@@ -161,6 +161,29 @@ fn gemma3_270m_profiles_with_full_coverage_and_compares_with_candle_transformers
 /// The trace `tools/candle-trace` recorded: candle-transformers 0.11.1's own quantized Gemma 3
 /// (`models::quantized_gemma3`) on this Gemma 3 270M file under `tracing-chrome`, a warm-up and
 /// three passes of 64 tokens from position 0, two threads (tools/candle-trace/README.md).
+/// `compare --json` of an imported trace against llama.cpp's profile, both of Gemma 3: the
+/// ledger's whole output, after checking both sides' architecture and that the trace claims no
+/// agreement (it cannot say one).
+fn gemma3_ledger(imported: &Path, llama: &Path) -> serde_json::Value {
+    let out = opledger()
+        .args(["compare", "--json"])
+        .arg(imported)
+        .arg(llama)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let l = &v["ledger"];
+    assert_eq!(
+        (&l["a"]["arch"], &l["b"]["arch"]),
+        (&"gemma3".into(), &"gemma3".into())
+    );
+    assert!(l["a"]["agreement"].is_null(), "{}", l["a"]);
+    v
+}
+
 fn candle_trace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/candle-transformers-gemma3-270m-p64.trace.json")
@@ -272,23 +295,9 @@ fn candle_transformers_trace_compares_with(model: &Path, llama: &Path, dir: &Pat
             "{band}: {ms} vs {per_step:?}"
         );
     }
-    let out = opledger()
-        .args(["compare", "--json"])
-        .arg(&imported)
-        .arg(llama)
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let v = gemma3_ledger(&imported, llama);
     let l = &v["ledger"];
-    assert_eq!(
-        (&l["a"]["arch"], &l["b"]["arch"]),
-        (&"gemma3".into(), &"gemma3".into())
-    );
-    // the trace cannot say its agreement; its spans carry no shapes, so no bytes are claimed
-    assert!(l["a"]["agreement"].is_null(), "{}", l["a"]);
+    // its spans carry no shapes, so no bytes are claimed
     let mut bands: Vec<&str> = l["rows"]
         .as_array()
         .unwrap()
@@ -533,22 +542,8 @@ fn pytorch_trace_compares_with(model: &Path, llama: &Path, dir: &Path) {
             "{band}"
         );
     }
-    let out = opledger()
-        .args(["compare", "--json"])
-        .arg(&imported)
-        .arg(llama)
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let v = gemma3_ledger(&imported, llama);
     let l = &v["ledger"];
-    assert_eq!(
-        (&l["a"]["arch"], &l["b"]["arch"]),
-        (&"gemma3".into(), &"gemma3".into())
-    );
-    assert!(l["a"]["agreement"].is_null(), "{}", l["a"]);
     let rows = l["rows"].as_array().unwrap();
     let a_total: f64 = rows
         .iter()
