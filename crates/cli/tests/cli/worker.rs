@@ -542,6 +542,19 @@ fn a_worker_splits_a_model_over_rpc_servers_as_the_embedded_engine_does() {
 
 /// A side's `env:NAME=VALUE` knob is set in that side's worker only, and the manifest records
 /// the environment each side's worker saw; the embedded engine refuses such a knob.
+/// A short A/B without the noise gate: what is checked is where the knobs went, not timing.
+const QUICK_AB: [&str; 9] = [
+    "ab",
+    "-p",
+    "16",
+    "-r",
+    "4",
+    "-t",
+    "1",
+    "--no-noise-gate",
+    "-q",
+];
+
 #[test]
 fn an_env_knob_reaches_its_side_s_worker_and_the_manifest_says_so() {
     let _machine = crate::machine::shared();
@@ -552,17 +565,7 @@ fn an_env_knob_reaches_its_side_s_worker_and_the_manifest_says_so() {
     let b = format!("worker={},env:GGML_OPLEDGER_SIDE=b", w.display());
     let out = dir.path().join("ab");
     let o = Command::new(bin())
-        .args([
-            "ab",
-            "-p",
-            "16",
-            "-r",
-            "4",
-            "-t",
-            "1",
-            "--no-noise-gate",
-            "-q",
-        ])
+        .args(QUICK_AB)
         .args(["--a", &a, "--b", &b, "-m"])
         .arg(&model)
         .arg("-o")
@@ -591,17 +594,7 @@ fn an_env_knob_reaches_its_side_s_worker_and_the_manifest_says_so() {
     assert!(settings.get("a.cuda_graphs").is_none(), "{settings}");
 
     let o = Command::new(bin())
-        .args([
-            "ab",
-            "-p",
-            "16",
-            "-r",
-            "4",
-            "-t",
-            "1",
-            "--no-noise-gate",
-            "-q",
-        ])
+        .args(QUICK_AB)
         .args([
             "--a",
             "worker=embedded,env:GGML_OPLEDGER_SIDE=a",
