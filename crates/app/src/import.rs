@@ -168,27 +168,37 @@ pub fn device_stats(trace: &TraceSummary, rules: &ImportRules, tokens: u32) -> O
     if !unassigned_device.is_empty() || unassigned_host {
         names.push("unassigned".into());
     }
-    let per_step = |band: &str, device: bool| -> Vec<f64> {
-        steps
-            .iter()
-            .map(|s| {
-                let v = if device { &s.device_us } else { &s.self_us };
-                v.iter()
-                    .enumerate()
-                    .filter(|(k, _)| band_of[*k].unwrap_or("unassigned") == band)
-                    .map(|(_, us)| us)
-                    .sum::<f64>()
-                    / 1e3
-                    / tokens
-            })
-            .collect()
+    // each key's band by its place in `names` (past the end: a key of no band and no time), and
+    // every band's time per step from one pass over the step's keys
+    let group: Vec<usize> = band_of
+        .iter()
+        .map(|b| {
+            let b = b.unwrap_or("unassigned");
+            names.iter().position(|n| n == b).unwrap_or(names.len())
+        })
+        .collect();
+    let per_step = |device: bool| -> Vec<Vec<f64>> {
+        let mut out = vec![Vec::with_capacity(steps.len()); names.len() + 1];
+        for s in steps {
+            let v = if device { &s.device_us } else { &s.self_us };
+            let mut sums = vec![0.0; names.len() + 1];
+            for (us, &g) in v.iter().zip(&group) {
+                sums[g] += us;
+            }
+            for (o, sum) in out.iter_mut().zip(sums) {
+                o.push(sum / 1e3 / tokens);
+            }
+        }
+        out
     };
+    let (host, device) = (per_step(false), per_step(true));
     let bands = names
         .iter()
-        .map(|b| DeviceBand {
+        .enumerate()
+        .map(|(g, b)| DeviceBand {
             band: b.clone(),
-            host_ms_per_token: spread_of(&per_step(b, false)),
-            device_ms_per_token: spread_of(&per_step(b, true)),
+            host_ms_per_token: spread_of(&host[g]),
+            device_ms_per_token: spread_of(&device[g]),
         })
         .collect();
     let ms = |f: &dyn Fn(&opledger_core::trace::StepAgg) -> f64| -> Spread {
@@ -454,9 +464,13 @@ fn build(
     model: Option<&ModelFile>,
 ) -> Result<Imported> {
     // keys that never had self time in a step are left out of the graph
-    let used: Vec<usize> = (0..trace.keys.len())
-        .filter(|&k| trace.steps.iter().any(|s| s.self_us[k] > 0.0))
-        .collect();
+    let mut any = vec![false; trace.keys.len()];
+    for s in &trace.steps {
+        for (any, us) in any.iter_mut().zip(&s.self_us) {
+            *any |= *us > 0.0;
+        }
+    }
+    let used: Vec<usize> = (0..trace.keys.len()).filter(|&k| any[k]).collect();
     let labels = labels(trace, &used);
     let mut name_rules = BTreeMap::new();
     let mut unassigned = Vec::new();

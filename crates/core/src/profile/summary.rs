@@ -27,11 +27,12 @@ pub fn summarise(
     let tok = tokens.max(1) as f64;
     let isolation = isolation(raw)?;
     // every node's TIMED times must be finite (the per-cycle estimates below sum them)
-    for i in 0..n {
-        sample(
-            &raw.cycles.iter().map(|c| c.node_us[i]).collect::<Vec<_>>(),
-            "node times",
-        )?;
+    if raw
+        .cycles
+        .iter()
+        .any(|c| c.node_us.iter().any(|v| !v.is_finite()))
+    {
+        return Err(SummaryError::BadSample("node times".to_string()));
     }
     let walls = walls(raw)?;
     let measured = Measured::of(raw, &isolation);
@@ -564,19 +565,6 @@ struct Estimator<'a> {
     tok: f64,
 }
 
-impl Estimator<'_> {
-    fn estimate(
-        &self,
-        member: &dyn Fn(usize) -> bool,
-        times: &[&[f64]],
-    ) -> Result<Sample, SummaryError> {
-        sample(
-            &per_cycle_ms_per_token(times, &self.fused_walls, self.tok, &membership(member)),
-            "band times",
-        )
-    }
-}
-
 /// Every band the graph holds, in rule-set order, then `unassigned` if anything fell through;
 /// with the sum of their points.
 fn band_rows(
@@ -598,17 +586,29 @@ fn band_rows(
         timed: Sample,
     }
     let mut estimated = Vec::with_capacity(band_order.len());
-    for band in &band_order {
-        let member = |i: usize| assignments[i].band == *band;
-        let timed: Vec<f64> = est
-            .raw
-            .iter()
-            .map(|t| (0..n).filter(|&i| member(i)).map(|i| t[i]).sum::<f64>() / 1e3)
-            .collect();
+    // each node's band by its place in `band_order`, and every band's per-cycle estimates from
+    // one pass over the cycles: a pass per band (and a comparison of band names per node and
+    // cycle) took most of the summary of a trace of thousands of steps
+    let group: Vec<usize> = assignments
+        .iter()
+        .map(|a| {
+            band_order
+                .iter()
+                .position(|b| *b == a.band)
+                .expect("band_order holds every assigned band")
+        })
+        .collect();
+    let groups = band_order.len();
+    let raw_groups =
+        per_cycle_group_ms_per_token(&est.raw, &est.fused_walls, est.tok, &group, groups);
+    let corrected_groups =
+        per_cycle_group_ms_per_token(&est.corrected, &est.fused_walls, est.tok, &group, groups);
+    for (b, band) in band_order.iter().enumerate() {
+        let timed: Vec<f64> = raw_groups.parts[b].iter().map(|p| p / 1e3).collect();
         estimated.push(Estimated {
             band: band.clone(),
-            raw: est.estimate(&member, &est.raw)?,
-            corrected: est.estimate(&member, &est.corrected)?,
+            raw: sample(&raw_groups.ms_per_token[b], "band times")?,
+            corrected: sample(&corrected_groups.ms_per_token[b], "band times")?,
             timed: sample(&timed, "band times")?,
         });
     }
@@ -616,8 +616,8 @@ fn band_rows(
     let points_corrected: f64 = estimated.iter().map(|e| e.corrected.median()).sum();
     let share = |x: f64, of: f64| if of > 0.0 { x / of } else { 0.0 };
     let mut bands = Vec::with_capacity(estimated.len());
-    for e in &estimated {
-        let member = |i: usize| assignments[i].band == e.band;
+    for (b, e) in estimated.iter().enumerate() {
+        let member = |i: usize| group[i] == b;
         bands.push(BandRow {
             band: e.band.clone(),
             ms_per_token: e.raw.median(),
@@ -660,7 +660,7 @@ fn name_rows(
         }
     }
     let mut rows: Vec<NameRow> = rows.into_values().collect();
-    // the same estimate as `Estimator::estimate` over each row's members, with every cycle's
+    // the same estimate as `per_cycle_ms_per_token` over each row's members, with every cycle's
     // sum taken once: an imported trace can hold thousands of names over thousands of steps,
     // where a pass over the whole graph per name and cycle took minutes
     let mut members: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
@@ -705,6 +705,45 @@ pub fn per_cycle_ms_per_token(
             share_of_wall(part, t.iter().sum(), fused, tokens)
         })
         .collect()
+}
+
+/// What [`per_cycle_ms_per_token`] gives each group of a partition of the nodes, from one pass
+/// over each cycle: `group[i]` is node i's group, below `groups`.
+pub(super) struct GroupEstimates {
+    /// Per group, per cycle: ms/token (the group's share of the cycle's TIMED sum x its FUSED
+    /// wall / tokens).
+    pub(super) ms_per_token: Vec<Vec<f64>>,
+    /// Per group, per cycle: the sum of its nodes' times (µs).
+    pub(super) parts: Vec<Vec<f64>>,
+}
+
+/// [`per_cycle_ms_per_token`] of every group of a partition at once (`group[i]`: node i's
+/// group, below `groups`): the same sums in the same order, so the same figures, from one pass
+/// over each cycle instead of one per group.
+pub(super) fn per_cycle_group_ms_per_token(
+    times: &[&[f64]],
+    fused_ms: &[f64],
+    tokens: f64,
+    group: &[usize],
+    groups: usize,
+) -> GroupEstimates {
+    let mut out = GroupEstimates {
+        ms_per_token: vec![Vec::with_capacity(times.len()); groups],
+        parts: vec![Vec::with_capacity(times.len()); groups],
+    };
+    let mut parts = vec![0.0; groups];
+    for (t, &fused) in times.iter().zip(fused_ms) {
+        parts.iter_mut().for_each(|p| *p = 0.0);
+        for (v, &g) in t.iter().zip(group) {
+            parts[g] += v;
+        }
+        let sum: f64 = t.iter().sum();
+        for (g, &part) in parts.iter().enumerate() {
+            out.parts[g].push(part);
+            out.ms_per_token[g].push(share_of_wall(part, sum, fused, tokens));
+        }
+    }
+    out
 }
 
 /// `part`'s share of a cycle's TIMED `sum` x that cycle's FUSED wall / `tokens`: ms/token (0

@@ -820,3 +820,36 @@ fn without_a_calibration_each_device_pays_its_own_idle_nodes() {
     assert!(s.isolation_device_us.is_empty() && s.devices.is_empty());
     assert!(!s.checks.iter().any(|c| c.name == "devices"));
 }
+
+#[test]
+fn every_group_at_once_gives_each_group_s_own_estimate() {
+    // cycle 0: nodes 10, 30, 0, 60 (sum 100), FUSED 2 ms; cycle 1: 20, 20, 40, 20 (sum 100),
+    // FUSED 4 ms; 2 tokens. Groups {0, 2}, {1}, {3}, and an empty one
+    let times: [&[f64]; 2] = [&[10.0, 30.0, 0.0, 60.0], &[20.0, 20.0, 40.0, 20.0]];
+    let fused = [2.0, 4.0];
+    let group = [0, 1, 0, 2];
+    let all = summary::per_cycle_group_ms_per_token(&times, &fused, 2.0, &group, 4);
+    // group 0: 10/100 x 2 / 2 = 0.1 and 60/100 x 4 / 2 = 1.2
+    assert_eq!(all.ms_per_token[0], [0.1, 1.2]);
+    assert_eq!(all.parts[0], [10.0, 60.0]);
+    assert_eq!(all.ms_per_token[3], [0.0, 0.0]);
+    for g in 0..4 {
+        let one = per_cycle_ms_per_token(&times, &fused, 2.0, &membership(|i| group[i] == g));
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&all.ms_per_token[g]), bits(&one), "group {g}");
+    }
+}
+
+#[test]
+fn a_node_time_that_is_not_finite_is_refused() {
+    let mut e = MockEngine::new(&NODES);
+    let mut raw = measure(&mut e, &cfg(3), &mut |_, _, _| {}).unwrap();
+    let rules = BandRules::builtin("qwen35moe").unwrap();
+    let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+    assert!(analyse(&raw, &rules, &arch).is_ok());
+    raw.cycles[2].node_us[4] = f64::NAN;
+    match analyse(&raw, &rules, &arch) {
+        Err(SummaryError::BadSample(what)) => assert_eq!(what, "node times"),
+        other => panic!("expected node times refused, got {:?}", other.map(|_| ())),
+    }
+}
