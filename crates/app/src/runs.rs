@@ -299,8 +299,15 @@ pub fn write_profile(
     raw: &ProfileRaw,
 ) -> Result<ProfileSummary> {
     folder.write_json(&format!("{prefix}manifest.json"), manifest)?;
-    folder.write_json_compact(&format!("{prefix}raw.json"), raw)?;
-    let view = RunView::Profile(ProfileView::new(manifest, raw)?);
+    // the raw data (tens of MB for an imported trace of thousands of steps) is written while
+    // the summary is computed from it
+    let (written, view) = std::thread::scope(|s| {
+        let written = s.spawn(|| folder.write_json_compact(&format!("{prefix}raw.json"), raw));
+        let view = ProfileView::new(manifest, raw);
+        (written.join(), view)
+    });
+    written.unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+    let view = RunView::Profile(view?);
     write_renderings(
         folder,
         prefix,
