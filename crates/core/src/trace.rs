@@ -1,8 +1,8 @@
 //! Chrome trace-event JSON (PyTorch's Kineto, `tracing-chrome`, chrome://tracing, Perfetto),
 //! streamed: the text is read in blocks and cut into events ([`scan`]), each parsed by
-//! serde_json from its slice into one reused event, and only each thread's
-//! stack of open spans, the step windows and per-step aggregates are kept, so a trace of
-//! gigabytes takes memory in proportion to its distinct spans and steps, never to its events.
+//! serde_json from its slice (checked to be UTF-8 a chunk at a time) into a reused event, and
+//! only each thread's stack of open spans, the step windows and per-step aggregates are kept,
+//! so a trace of gigabytes takes memory in proportion to its distinct spans and steps, never to its events.
 //!
 //! What is read: `X` (complete: `ts`, `dur`) and `B` / `E` (begin, end) events on any number of
 //! pid/tid pairs, either as the top-level array or as the `traceEvents` array of an object.
@@ -324,8 +324,11 @@ struct Event {
     dur: Option<f64>,
     pid: Option<Id>,
     tid: Option<Id>,
-    /// The kept arguments, as `key=value` text.
+    /// The kept arguments, as `key=value` text, sorted.
     args: Vec<(String, String)>,
+    /// Buffers of arguments kept by an earlier event, reused (reading an event allocates
+    /// nothing once they are large enough).
+    spare_args: Vec<(String, String)>,
     /// `args.correlation`: a runtime call and the device activity it launched.
     correlation: Option<i64>,
     /// `args["External id"]`: a CPU op and the runtime calls and activity it led to.
@@ -379,7 +382,7 @@ impl<'de> Visitor<'de> for EventSeed<'_, '_> {
         ev.dur = None;
         ev.pid = None;
         ev.tid = None;
-        ev.args.clear();
+        ev.spare_args.append(&mut ev.args);
         ev.correlation = None;
         ev.external_id = None;
         ev.id = None;
@@ -395,13 +398,13 @@ impl<'de> Visitor<'de> for EventSeed<'_, '_> {
                 Field::Dur => ev.dur = map.next_value()?,
                 Field::Pid => ev.pid = map.next_value()?,
                 Field::Tid => ev.tid = map.next_value()?,
-                Field::Args => {
-                    ev.args = map.next_value_seed(ArgsSeed {
-                        keep: self.keep,
-                        correlation: &mut ev.correlation,
-                        external_id: &mut ev.external_id,
-                    })?
-                }
+                Field::Args => map.next_value_seed(ArgsSeed {
+                    keep: self.keep,
+                    kept: &mut ev.args,
+                    spare: &mut ev.spare_args,
+                    correlation: &mut ev.correlation,
+                    external_id: &mut ev.external_id,
+                })?,
                 Field::Id => ev.id = map.next_value()?,
                 Field::Other => {
                     map.next_value::<IgnoredAny>()?;
@@ -454,44 +457,83 @@ impl<'de> Deserialize<'de> for PhaseChar {
     }
 }
 
-/// `args`: `Input Dims` and the keys the rules read, as text; `correlation` and `External id`
-/// as numbers beside them (links, never part of a span's key); the rest skipped.
+/// `args`: `Input Dims` and the keys the rules read, as text into `kept` (sorted, its strings
+/// taken from `spare`); `correlation` and `External id` as numbers beside them (links, never
+/// part of a span's key); the rest skipped.
 struct ArgsSeed<'k, 'e> {
     keep: &'k [String],
+    kept: &'e mut Vec<(String, String)>,
+    spare: &'e mut Vec<(String, String)>,
     correlation: &'e mut Option<i64>,
     external_id: &'e mut Option<i64>,
 }
 
-/// A link id as Kineto writes it: a number (or a string holding one).
-fn link_id(v: &serde_json::Value) -> Option<i64> {
-    v.as_i64()
-        .or_else(|| v.as_u64().map(|u| u as i64))
-        .or_else(|| v.as_f64().map(|f| f as i64))
-        .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
+/// A link id as Kineto writes it, from the value's JSON text: a number (or a string holding
+/// one); anything else is no id.
+fn link_id(raw: &str) -> Option<i64> {
+    if raw.starts_with('"') {
+        let s: String = serde_json::from_str(raw).ok()?;
+        return s.trim().parse().ok();
+    }
+    raw.parse::<i64>()
+        .ok()
+        .or_else(|| raw.parse::<u64>().ok().map(|u| u as i64))
+        .or_else(|| {
+            // a number with a fraction or an exponent (other JSON values are no id)
+            raw.starts_with(|c: char| c == '-' || c.is_ascii_digit())
+                .then(|| raw.parse::<f64>().ok().map(|f| f as i64))
+                .flatten()
+        })
+}
+
+/// A kept argument's text from its value's JSON text: a string's contents, or the value written
+/// compactly (`[[1,128,640],[640]]`). An array of small non-negative integers, what `Input
+/// Dims` holds, is that text without its whitespace; other values go through a
+/// `serde_json::Value`, which writes them compactly.
+fn arg_text(raw: &str, out: &mut String) -> Result<(), serde_json::Error> {
+    out.clear();
+    let small_ints = raw.starts_with('[')
+        && raw
+            .split(|c: char| !c.is_ascii_digit())
+            .all(|digits| digits.len() <= 18)
+        && raw.bytes().all(|b| {
+            matches!(
+                b,
+                b'0'..=b'9' | b'[' | b']' | b',' | b' ' | b'\t' | b'\n' | b'\r'
+            )
+        });
+    if small_ints {
+        out.extend(raw.chars().filter(|c| !c.is_ascii_whitespace()));
+        return Ok(());
+    }
+    match serde_json::from_str(raw)? {
+        serde_json::Value::String(s) => out.push_str(&s),
+        other => out.push_str(&other.to_string()),
+    }
+    Ok(())
 }
 
 impl<'de> DeserializeSeed<'de> for ArgsSeed<'_, '_> {
-    type Value = Vec<(String, String)>;
+    type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for ArgsSeed<'_, '_> {
-    type Value = Vec<(String, String)>;
+    type Value = ();
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an args object")
     }
     fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Vec::new())
+        Ok(())
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut kept = Vec::new();
         while let Some(k) = map.next_key_seed(ArgKeySeed(self.keep))? {
             match k {
                 ArgKey::Correlation | ArgKey::External => {
-                    let v: serde_json::Value = map.next_value()?;
-                    let id = link_id(&v);
+                    let v: &serde_json::value::RawValue = map.next_value()?;
+                    let id = link_id(v.get());
                     if matches!(k, ArgKey::Correlation) {
                         *self.correlation = id;
                     } else {
@@ -499,29 +541,32 @@ impl<'de> Visitor<'de> for ArgsSeed<'_, '_> {
                     }
                 }
                 ArgKey::Kept(k) => {
-                    let v: serde_json::Value = map.next_value()?;
-                    let text = match v {
-                        serde_json::Value::String(s) => s,
-                        other => other.to_string(),
-                    };
-                    kept.push((k, text));
+                    let v: &serde_json::value::RawValue = map.next_value()?;
+                    let (mut key, mut text) = self.spare.pop().unwrap_or_default();
+                    key.clear();
+                    key.push_str(k.map_or(INPUT_DIMS, |i| &self.keep[i]));
+                    arg_text(v.get(), &mut text).map_err(serde::de::Error::custom)?;
+                    self.kept.push((key, text));
                 }
                 ArgKey::Skipped => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
         }
-        kept.sort();
-        Ok(kept)
+        self.kept.sort();
+        Ok(())
     }
 }
+
+/// The argument with each op's input shapes, always kept (the rules may read it).
+const INPUT_DIMS: &str = "Input Dims";
 
 /// An argument's key, sorted without allocating unless it is kept.
 enum ArgKey {
     Correlation,
     External,
-    /// `Input Dims` or a key the rules read.
-    Kept(String),
+    /// `Input Dims` (None) or the key the rules read at this index.
+    Kept(Option<usize>),
     Skipped,
 }
 
@@ -543,8 +588,11 @@ impl<'de> Visitor<'de> for ArgKeySeed<'_> {
         Ok(match k {
             "correlation" => ArgKey::Correlation,
             "External id" => ArgKey::External,
-            _ if k == "Input Dims" || self.0.iter().any(|w| w == k) => ArgKey::Kept(k.to_string()),
-            _ => ArgKey::Skipped,
+            INPUT_DIMS => ArgKey::Kept(None),
+            _ => match self.0.iter().position(|w| w == k) {
+                Some(i) => ArgKey::Kept(Some(i)),
+                None => ArgKey::Skipped,
+            },
         })
     }
 }
@@ -616,9 +664,15 @@ struct Launch {
     step: Option<usize>,
 }
 
-/// Launches by id, bounded: past [`LINK_CAP`] entries the older half (by id) is let go.
+/// Launches by id, bounded: past [`LINK_CAP`] entries the older half (by id) is let go. Ids
+/// come mostly in increasing order (Kineto numbers correlations and External ids as it goes):
+/// those are appended to a sorted list and found by binary search; the others are kept in a
+/// map (a hash map alone spent a fifth of the state's time in cache misses over a million
+/// entries). Every key of the map is below the list's last id, so an id after it is in neither,
+/// and the two never hold the same id: together they are one map of the ids.
 #[derive(Default)]
 struct Links {
+    sorted: std::collections::VecDeque<(i64, Launch)>,
     map: HashMap<i64, Launch>,
     newest: i64,
     dropped: u64,
@@ -627,17 +681,42 @@ struct Links {
 impl Links {
     fn insert(&mut self, id: i64, l: Launch) {
         self.newest = self.newest.max(id);
-        self.map.insert(id, l);
-        if self.map.len() > LINK_CAP {
-            let before = self.map.len();
+        if self.sorted.back().is_none_or(|&(last, _)| id > last) {
+            self.sorted.push_back((id, l));
+        } else if let Ok(i) = self.position(id) {
+            self.sorted[i].1 = l;
+        } else {
+            self.map.insert(id, l);
+        }
+        let len = self.sorted.len() + self.map.len();
+        if len > LINK_CAP {
+            // the list's last id is the newest (or, with only negative ids, the list goes whole
+            // and the map's keys, all below it, with it)
             let cut = self.newest - (LINK_CAP / 2) as i64;
+            let older = self.sorted.partition_point(|e| e.0 <= cut);
+            self.sorted.drain(..older);
             self.map.retain(|&k, _| k > cut);
-            self.dropped += (before - self.map.len()) as u64;
+            self.dropped += (len - self.sorted.len() - self.map.len()) as u64;
         }
     }
 
+    /// Where `id` is in the list (or would be): where it lies if the ids from the first are
+    /// consecutive, as Kineto's mostly are, else by binary search.
+    fn position(&self, id: i64) -> Result<usize, usize> {
+        if let Some(&(first, _)) = self.sorted.front() {
+            let guess = id.checked_sub(first).and_then(|d| usize::try_from(d).ok());
+            if let Some(i) = guess.filter(|&i| self.sorted.get(i).is_some_and(|e| e.0 == id)) {
+                return Ok(i);
+            }
+        }
+        self.sorted.binary_search_by_key(&id, |e| e.0)
+    }
+
     fn get(&self, id: i64) -> Option<Launch> {
-        self.map.get(&id).copied()
+        match self.position(id) {
+            Ok(i) => Some(self.sorted[i].1),
+            Err(_) => self.map.get(&id).copied(),
+        }
     }
 }
 
@@ -691,8 +770,19 @@ impl StepWin {
     }
 }
 
-/// A span key by interned ids: (name, category, parent's name, context path, kept arguments).
-type KeyIds = (u32, u32, u32, u32, Vec<(String, String)>);
+/// A span key by interned ids: (name, category, parent's name, context path) and a hash of its
+/// kept arguments; the keys of that hash with their arguments (one, but for a hash collision).
+type KeyIds = (u32, u32, u32, u32, u64);
+type KeysOf = Vec<(Vec<(String, String)>, u32)>;
+
+/// The hash of a span's kept arguments (0 for none, as most spans have).
+fn args_hash(args: &[(String, String)]) -> u64 {
+    use std::hash::BuildHasher;
+    if args.is_empty() {
+        return 0;
+    }
+    rustc_hash::FxBuildHasher.hash_one(args)
+}
 
 /// The state the visitor feeds, event by event.
 struct State<'o> {
@@ -709,9 +799,9 @@ struct State<'o> {
     path_ids: HashMap<(u32, u32), u32>,
     /// Per key: its context path.
     key_within: Vec<u32>,
-    /// (name, category, parent's name, kept arguments) -> span key, looked up without building
-    /// a [`SpanKey`] (no allocation for a span seen before).
-    key_ids: HashMap<KeyIds, u32>,
+    /// (name, category, parent's name, context path, arguments' hash) -> span keys, looked up
+    /// without building a [`SpanKey`] (no allocation for a span seen before).
+    key_ids: HashMap<KeyIds, KeysOf>,
     /// Per key: its name's id (what the spans nested in it see as their parent).
     key_name: Vec<u32>,
     keys: Vec<SpanKey>,
@@ -826,8 +916,7 @@ impl<'o> State<'o> {
         };
         let name = self.intern(&ev.name);
         let cat = self.intern(&ev.cat);
-        let args = std::mem::take(&mut ev.args);
-        self.key(name, cat, parent, within, args)
+        self.key(name, cat, parent, within, &ev.args)
     }
 
     /// The key of (name, category, parent key, context path, kept arguments), added when new.
@@ -837,31 +926,35 @@ impl<'o> State<'o> {
         cat: u32,
         parent: Option<u32>,
         within: u32,
-        args: Vec<(String, String)>,
+        args: &[(String, String)],
     ) -> u32 {
-        // kept arguments are rare (only keys the rules read): an empty list allocates nothing
-        let lookup = (
+        let ids = (
             name,
             cat,
             parent.map_or(0, |p| self.key_name[p as usize]),
             within,
-            args,
+            args_hash(args),
         );
-        if let Some(&id) = self.key_ids.get(&lookup) {
-            return id;
+        if let Some(keys) = self.key_ids.get(&ids) {
+            if let Some(&(_, id)) = keys.iter().find(|(a, _)| a == args) {
+                return id;
+            }
         }
         let id = self.keys.len() as u32;
         self.keys.push(SpanKey {
             name: self.string_list[name as usize].clone(),
             cat: self.string_list[cat as usize].clone(),
             parent: parent.map_or(String::new(), |p| self.keys[p as usize].name.clone()),
-            args: lookup.4.clone(),
+            args: args.to_vec(),
             within: self.path_names(within),
         });
         self.key_name.push(name);
         self.key_within.push(within);
         self.name_counts.push(0);
-        self.key_ids.insert(lookup, id);
+        self.key_ids
+            .entry(ids)
+            .or_default()
+            .push((args.to_vec(), id));
         id
     }
 
@@ -1040,20 +1133,19 @@ impl<'o> State<'o> {
         );
         let name = self.intern(&ev.name);
         let cat = self.intern(&ev.cat);
-        let args = std::mem::take(&mut ev.args);
         let launch = ev
             .correlation
             .and_then(|c| self.by_correlation.get(c))
             .or_else(|| ev.external_id.and_then(|e| self.by_external.get(e)));
         match launch {
-            Some(l) => self.attribute(l, name, cat, args, device, ts, ts + dur),
+            Some(l) => self.attribute(l, name, cat, &ev.args, device, ts, ts + dur),
             None if self.pending_device.len() < PENDING_CAP => {
                 self.pending_at
                     .insert((stream, ts.to_bits()), self.pending_device.len());
                 self.pending_device.push(PendingActivity {
                     key_name: name,
                     key_cat: cat,
-                    args,
+                    args: std::mem::take(&mut ev.args),
                     correlation: ev.correlation,
                     external_id: ev.external_id,
                     flow: None,
@@ -1076,7 +1168,7 @@ impl<'o> State<'o> {
         launch: Launch,
         name: u32,
         cat: u32,
-        args: Vec<(String, String)>,
+        args: &[(String, String)],
         device: u32,
         start: f64,
         end: f64,
@@ -1418,7 +1510,7 @@ impl<'o> State<'o> {
                 .or_else(|| p.flow.and_then(|f| self.by_correlation.get(f)));
             match launch {
                 Some(l) => {
-                    self.attribute(l, p.key_name, p.key_cat, p.args, p.device, p.start, p.end)
+                    self.attribute(l, p.key_name, p.key_cat, &p.args, p.device, p.start, p.end)
                 }
                 None => {
                     self.device.unlinked += 1;
@@ -1697,25 +1789,42 @@ fn read_events<R: Read>(
     }
 }
 
+/// An event's text: checked to be UTF-8 (for a whole chunk of events at once: serde_json then
+/// borrows its strings without checking each, which took a tenth of an import), or bytes whose
+/// parse names what is wrong with them.
+#[derive(Clone, Copy)]
+enum Text<'t> {
+    Utf8(&'t str),
+    Bytes(&'t [u8]),
+}
+
 /// Parses one event's text into `ev` (its index and byte offset name it in the error).
 fn parse_event(
-    text: &[u8],
+    text: Text,
     keep: &[String],
     ev: &mut Event,
     file: &str,
     index: u64,
     offset: u64,
 ) -> Result<(), TraceError> {
-    let mut de = serde_json::Deserializer::from_slice(text);
-    EventSeed { keep, ev }
-        .deserialize(&mut de)
-        .and_then(|()| de.end())
-        .map_err(|source| TraceError::BadJson {
-            file: file.to_string(),
-            index,
-            offset,
-            source,
-        })
+    fn parse<'de, R: serde_json::de::Read<'de>>(
+        mut de: serde_json::Deserializer<R>,
+        keep: &[String],
+        ev: &mut Event,
+    ) -> Result<(), serde_json::Error> {
+        EventSeed { keep, ev }.deserialize(&mut de)?;
+        de.end()
+    }
+    match text {
+        Text::Utf8(s) => parse(serde_json::Deserializer::from_str(s), keep, ev),
+        Text::Bytes(b) => parse(serde_json::Deserializer::from_slice(b), keep, ev),
+    }
+    .map_err(|source| TraceError::BadJson {
+        file: file.to_string(),
+        index,
+        offset,
+        source,
+    })
 }
 
 /// Events parsed on other threads: the text is cut into chunks of whole events here, parsed
@@ -1753,11 +1862,16 @@ fn read_parallel<R: Read>(
                     .unwrap_or_default();
                 let mut error = None;
                 let mut parsed = 0;
+                let utf8 = std::str::from_utf8(&chunk.text).ok();
                 for (i, (span, &at)) in chunk.spans.iter().zip(&chunk.at).enumerate() {
                     if events.len() <= i {
                         events.push(Event::default());
                     }
-                    let text = &chunk.text[span.0 as usize..span.1 as usize];
+                    let range = span.0 as usize..span.1 as usize;
+                    let text = match utf8.and_then(|s| s.get(range.clone())) {
+                        Some(s) => Text::Utf8(s),
+                        None => Text::Bytes(&chunk.text[range]),
+                    };
                     let index = chunk.first + i as u64;
                     if let Err(e) = parse_event(text, keep, &mut events[i], file, index, at) {
                         error = Some(e);
@@ -1961,6 +2075,10 @@ fn read<R: Read>(
             let mut ev = Event::default();
             let st = &mut state;
             read_top(&mut sc, file, &mut |text, index, at| {
+                let text = match std::str::from_utf8(text) {
+                    Ok(s) => Text::Utf8(s),
+                    Err(_) => Text::Bytes(text),
+                };
                 parse_event(text, &keep, &mut ev, file, index, at)?;
                 st.take(&mut ev)
             })?
@@ -2507,6 +2625,140 @@ mod tests {
         assert_eq!(s.steps[0].device_busy_us, 30.0);
         assert_eq!(s.threads, 1, "a device stream is no host thread");
         assert_eq!((s.device.events, s.device.streams), (1, 1));
+    }
+
+    #[test]
+    fn kept_arguments_read_as_their_value_written_compactly() {
+        // the text a serde_json::Value of the argument writes (a string: its contents), for
+        // every kind of value, with and without whitespace
+        let raws = [
+            "[[1, 128, 640], [640]]",
+            "[[1,128,640],[640]]",
+            "[ [ ] ,\n\t[ 0 ] ]",
+            "[]",
+            "[123456789012345678]",
+            "[1234567890123456789012]",
+            "[-1, 2]",
+            "[1.5, 2e3]",
+            "[\"float\", \"\"]",
+            "\"a \\\"quoted\\\" \\u00e9 name\"",
+            "{\"b\": 1, \"a\": [true, null]}",
+            "12",
+            "-0",
+            "1e400",
+            "false",
+        ];
+        let mut text = String::from("left over");
+        for raw in raws {
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(raw) else {
+                // a number no f64 holds is an error either way
+                assert!(arg_text(raw, &mut text).is_err(), "{raw}");
+                continue;
+            };
+            let want = match value {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            arg_text(raw, &mut text).unwrap();
+            assert_eq!(text, want, "{raw}");
+        }
+    }
+
+    #[test]
+    fn link_ids_are_numbers_or_strings_holding_one() {
+        for (raw, want) in [
+            ("42", Some(42)),
+            ("-7", Some(-7)),
+            ("18446744073709551615", Some(-1)),
+            ("1.9e3", Some(1900)),
+            ("\" 17 \"", Some(17)),
+            ("\"x\"", None),
+            ("null", None),
+            ("[1]", None),
+            ("{\"id\": 1}", None),
+            ("true", None),
+        ] {
+            assert_eq!(link_id(raw), want, "{raw}");
+        }
+    }
+
+    #[test]
+    fn an_event_that_is_not_utf8_is_an_error_naming_it() {
+        // the chunk's text is not UTF-8: its events are parsed from bytes, and the one with
+        // the bad byte is named, on one thread and on several
+        let mut t =
+            b"[{\"ph\":\"X\",\"name\":\"forward\",\"ts\":0,\"dur\":5,\"pid\":1,\"tid\":1},\n"
+                .to_vec();
+        t.extend_from_slice(
+            b"{\"ph\":\"X\",\"name\":\"a\xffb\",\"ts\":1,\"dur\":1,\"pid\":1,\"tid\":1}]",
+        );
+        for parsers in [0, 2] {
+            let e = super::read(
+                &t[..],
+                "bad.json",
+                &opts(DEFAULT_STEP_PATTERN),
+                false,
+                parsers,
+            )
+            .err()
+            .unwrap();
+            assert!(
+                matches!(
+                    e,
+                    TraceError::BadJson {
+                        index: 1,
+                        offset: 60,
+                        ..
+                    }
+                ),
+                "{parsers} parsers: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn links_hold_what_one_map_of_the_ids_holds() {
+        // ids mostly increasing, some again (a launch's External id is its op's), some older,
+        // some negative; checked after every insert against one map with the same cap rule
+        let mut links = Links::default();
+        let mut model: std::collections::HashMap<i64, u32> = Default::default();
+        let (mut newest, mut dropped) = (0i64, 0u64);
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = 0i64;
+        for n in 0..20 * LINK_CAP as u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let id = match x % 10 {
+                0 => next - (x >> 8) as i64 % 40,
+                1 => -((x >> 8) as i64 % 50),
+                2 => next,
+                _ => {
+                    next += 1 + (x >> 8) as i64 % 3;
+                    next
+                }
+            };
+            links.insert(id, Launch { key: n, step: None });
+            newest = newest.max(id);
+            model.insert(id, n);
+            if model.len() > LINK_CAP {
+                let before = model.len();
+                let cut = newest - (LINK_CAP / 2) as i64;
+                model.retain(|&k, _| k > cut);
+                dropped += (before - model.len()) as u64;
+            }
+            assert_eq!(links.dropped, dropped);
+            for probe in [id, id - 1, id - 7, id - 100, next - 3] {
+                assert_eq!(
+                    links.get(probe).map(|l| l.key),
+                    model.get(&probe).copied(),
+                    "id {probe} after insert {n}"
+                );
+            }
+        }
+        assert!(dropped > 0, "the cap was passed");
+        assert_eq!(links.sorted.len() + links.map.len(), model.len());
+        assert!(!links.map.is_empty(), "some ids came out of order");
     }
 
     #[test]
