@@ -679,7 +679,8 @@ fn name_rows(
                 share_of_wall(nodes.iter().map(|&i| t[i]).sum(), sum, fused, est.tok)
             })
             .collect();
-        row.ms_per_token = sample(&per_cycle, "band times")?.median();
+        row.ms_per_token = crate::stats::median(&per_cycle)
+            .ok_or_else(|| SummaryError::BadSample("band times".to_string()))?;
     }
     rows.sort_by(|a, b| b.ms_per_token.total_cmp(&a.ms_per_token));
     Ok(rows)
