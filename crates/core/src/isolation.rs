@@ -42,24 +42,22 @@ pub fn remove_isolation(
     calibrated_us: &dyn Fn(usize) -> f64,
     wall_us: f64,
 ) -> Removed {
+    // each node's calibration asked once (a summary calls this per cycle over every node)
+    let cal: Vec<f64> = (0..node_us.len()).map(calibrated_us).collect();
     let calibrated: Vec<f64> = node_us
         .iter()
-        .enumerate()
-        .map(|(i, &v)| {
-            if working[i] {
-                (v - calibrated_us(i)).max(0.0)
-            } else {
-                0.0
-            }
-        })
+        .zip(&cal)
+        .zip(working)
+        .map(|((&v, &k), &w)| if w { (v - k).max(0.0) } else { 0.0 })
         .collect();
     let calibrated_sum_us: f64 = calibrated.iter().sum();
     let n_working = working.iter().filter(|&&w| w).count();
     let has_wall = wall_us.is_finite() && wall_us > 0.0;
     let calibration_clamped: Vec<bool> = node_us
         .iter()
-        .enumerate()
-        .map(|(i, &v)| working[i] && v < calibrated_us(i))
+        .zip(&cal)
+        .zip(working)
+        .map(|((&v, &k), &w)| w && v < k)
         .collect();
     if n_working == 0 || !has_wall || !calibrated_sum_us.is_finite() {
         return Removed {
