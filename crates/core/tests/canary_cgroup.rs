@@ -142,6 +142,13 @@ fn a_cpu_quota_slows_the_canary_and_not_the_proc_gate() {
     let mut gate = Gate::new(&cfg, 2);
     let quiet = runs(&mut gate);
     cg.quota(Some(QUOTA_US)).unwrap();
+    // the quota's first moments are not yet its steady state: the group starts with a fresh
+    // period's runtime and the kernel charges it at its ticks (10 ms here), so a canary right
+    // after the quota went on can run at full speed (the first one or two runs escaped the
+    // canary in 3 of 7 runs of this test, slowdown 0.00-0.10; no later run did).
+    // One unmeasured run settles it, as a run throttled for a while would be (after it, the
+    // canary caught 48 of 48 throttled runs in 8 runs of this test, slowdown 4.9 or more).
+    work().unwrap();
     let throttled = runs(&mut gate);
     // the gate's own decision under the quota: a run retaken once, then kept as noisy
     let t0 = Instant::now();
