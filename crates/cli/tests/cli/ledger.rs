@@ -329,27 +329,95 @@ fn work_too_small_to_replay_is_found_before_measuring_not_after_the_table() {
             "{notes}"
         );
     } else {
-        // the work was sized for this machine's noise: k-scaling and outputs hold; the run's
-        // own bounds on the replay's sums are 1 +- 0.15, which a burst of load on shared cores
-        // during the replay can still break (replay-all / baseline 0.782 seen once, alone on
-        // the machine): the run then says so and exits 3, and the sums stay within 1 +- 0.3
-        for c in rr["checks"].as_array().unwrap() {
-            if c["name"] == "k-scaling" || c["name"] == "outputs" {
-                assert_eq!(c["pass"], true, "{}", rr["checks"]);
-            }
+        // The work was sized for the noise the probe measured before any cycle: every measured
+        // band's expected increment, and replay-all's, clear that noise ten times over
+        // (NOISE_SHARE_MAX). Whether the cycles then kept to it is the machine's affair: a burst
+        // on shared cores during the replay breaks the run's own 1 +- 0.15 bounds (replay-all /
+        // baseline 0.782 once alone on the machine, 0.721 with a sum of bands 1.337 in one CI
+        // run), and then the run must say so, check by check, and exit 3. So the test asserts
+        // what the figures mean, recomputed from the stored milliseconds, and never that the
+        // machine was quiet; the method's accuracy is asserted on the published model's larger
+        // work (published::replay_on_llama_cpp_adds_back_the_baselines_work_on_gemma3_270m).
+        use opledger_core::replay::{
+            NOISE_SHARE_MAX, REPLAY_ALL_TOLERANCE, SCALING_R2_MIN, SCALING_SPREAD_MAX,
+            SUM_TOLERANCE,
+        };
+        let f = |v: &serde_json::Value| v.as_f64().unwrap();
+        let noise = f(&rr["noise_ms"]);
+        let scale = rr["scale"].as_u64().unwrap() as f64;
+        let bands = rr["bands"].as_array().unwrap();
+        let skipped = rr["skipped"].as_array().unwrap();
+        assert!(noise >= 0.0 && scale >= 1.0 && !bands.is_empty());
+        for b in bands {
+            let cleared = f(&b["expected_ms"]) * b["k"].as_u64().unwrap() as f64 * NOISE_SHARE_MAX;
+            assert!(cleared >= noise, "{b} against noise {noise}");
         }
-        for figure in ["replay_all_over_baseline", "sum_over_replay_all"] {
-            let v = rr[figure].as_f64().unwrap();
-            assert!((v - 1.0).abs() <= 0.3, "{figure} {v}: {}", rr["checks"]);
-        }
-        let want = if rr["reliable"] == true { 0 } else { 3 };
-        assert_eq!(code, Some(want), "{stderr}");
-        let noise = rr["noise_ms"].as_f64().unwrap();
-        assert!(noise >= 0.0 && rr["scale"].as_u64().unwrap() >= 1);
-        for s in rr["skipped"].as_array().unwrap() {
+        let expected_all: f64 = bands
+            .iter()
+            .chain(skipped)
+            .map(|b| f(&b["expected_ms"]))
+            .sum();
+        assert!(
+            expected_all * scale * NOISE_SHARE_MAX >= noise,
+            "replay-all {expected_all} x {scale} against noise {noise}"
+        );
+        for s in skipped {
             let reason = s["reason"].as_str().unwrap();
             assert!(reason.contains("against noise of"), "{reason}");
         }
+        // the validations are the stored figures against their bounds
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
+        let sum: f64 = bands.iter().map(|b| f(&b["ms"])).sum();
+        assert!(
+            close(sum, f(&rr["sum_of_bands_ms"])),
+            "{sum} {}",
+            rr["sum_of_bands_ms"]
+        );
+        let all = f(&rr["replay_all_ms"]) / f(&rr["baseline_work_ms"]);
+        let sums = sum / f(&rr["sum_reference_ms"]);
+        assert!(close(all, f(&rr["replay_all_over_baseline"])), "{all}");
+        assert!(close(sums, f(&rr["sum_over_replay_all"])), "{sums}");
+        let checks = rr["checks"].as_array().unwrap();
+        let pass = |name: &str| {
+            let c = checks.iter().find(|c| c["name"] == name).unwrap();
+            c["pass"] == true
+        };
+        assert_eq!(
+            pass("replay-all"),
+            (all - 1.0).abs() <= REPLAY_ALL_TOLERANCE,
+            "{checks:?}"
+        );
+        assert_eq!(
+            pass("sum-of-bands"),
+            (sums - 1.0).abs() <= SUM_TOLERANCE,
+            "{checks:?}"
+        );
+        let per: Vec<f64> = rr["scaling_ms_per_replay"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|kv| f(&kv[1]))
+            .collect();
+        assert_eq!(per.len(), 3, "{}", rr["scaling_ms_per_replay"]);
+        let lo = per.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = per.iter().copied().fold(0.0, f64::max);
+        let r2 = rr["scaling_r2"].as_f64().unwrap_or(f64::NAN);
+        let linear = lo > 0.0 && hi / lo <= SCALING_SPREAD_MAX && r2 >= SCALING_R2_MIN;
+        assert_eq!(pass("k-scaling"), linear, "{checks:?}");
+        // no load changes the logits
+        assert!(pass("outputs"), "{checks:?}");
+        // unreliable is said, each failed check printed with its figure, and the exit is 3
+        let reliable = checks.iter().all(|c| c["pass"] == true);
+        assert_eq!(rr["reliable"] == true, reliable);
+        for c in checks.iter().filter(|c| c["pass"] != true) {
+            let line = format!(
+                "check failed: replay B {}: {}",
+                c["name"].as_str().unwrap(),
+                c["detail"].as_str().unwrap()
+            );
+            assert!(stderr.contains(&line), "{line}\n{stderr}");
+        }
+        assert_eq!(code, Some(if reliable { 0 } else { 3 }), "{stderr}");
         eprintln!(
             "noise {noise:.3} ms, scale {}, k per band {}, skipped {}, replay-all / baseline {:.3}, sum / reference {:.3}",
             rr["scale"],
