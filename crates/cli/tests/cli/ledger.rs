@@ -338,99 +338,68 @@ fn work_too_small_to_replay_is_found_before_measuring_not_after_the_table() {
         // what the figures mean, recomputed from the stored milliseconds, and never that the
         // machine was quiet; the method's accuracy is asserted on the published model's larger
         // work (published::replay_on_llama_cpp_adds_back_the_baselines_work_on_gemma3_270m).
-        use opledger_core::replay::{
-            NOISE_SHARE_MAX, REPLAY_ALL_TOLERANCE, SCALING_R2_MIN, SCALING_SPREAD_MAX,
-            SUM_TOLERANCE,
-        };
-        let f = |v: &serde_json::Value| v.as_f64().unwrap();
-        let noise = f(&rr["noise_ms"]);
-        let scale = rr["scale"].as_u64().unwrap() as f64;
-        let bands = rr["bands"].as_array().unwrap();
-        let skipped = rr["skipped"].as_array().unwrap();
-        assert!(noise >= 0.0 && scale >= 1.0 && !bands.is_empty());
-        for b in bands {
-            let cleared = f(&b["expected_ms"]) * b["k"].as_u64().unwrap() as f64 * NOISE_SHARE_MAX;
-            assert!(cleared >= noise, "{b} against noise {noise}");
+        use opledger_core::replay::{validate, ReplayResult, NOISE_SHARE_MAX};
+        let r: ReplayResult = serde_json::from_value(rr.clone()).unwrap();
+        let noise = r.noise_ms;
+        assert!(noise >= 0.0 && r.scale >= 1 && !r.bands.is_empty());
+        for b in &r.bands {
+            let cleared = b.expected_ms * b.k as f64 * NOISE_SHARE_MAX;
+            assert!(cleared >= noise, "{b:?} against noise {noise}");
         }
-        let expected_all: f64 = bands
-            .iter()
-            .chain(skipped)
-            .map(|b| f(&b["expected_ms"]))
-            .sum();
+        let expected_all: f64 = r.bands.iter().map(|b| b.expected_ms).sum::<f64>()
+            + r.skipped.iter().map(|s| s.expected_ms).sum::<f64>();
         assert!(
-            expected_all * scale * NOISE_SHARE_MAX >= noise,
-            "replay-all {expected_all} x {scale} against noise {noise}"
+            expected_all * r.scale as f64 * NOISE_SHARE_MAX >= noise,
+            "replay-all {expected_all} x {} against noise {noise}",
+            r.scale
         );
-        for s in skipped {
-            let reason = s["reason"].as_str().unwrap();
-            assert!(reason.contains("against noise of"), "{reason}");
+        for s in &r.skipped {
+            assert!(s.reason.contains("against noise of"), "{}", s.reason);
         }
-        // the validations are the stored figures against their bounds
+        // the validations are the stored figures against their bounds (core's validate, whose
+        // bounds its unit tests hold by hand)
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
-        let sum: f64 = bands.iter().map(|b| f(&b["ms"])).sum();
-        assert!(
-            close(sum, f(&rr["sum_of_bands_ms"])),
-            "{sum} {}",
-            rr["sum_of_bands_ms"]
+        let sum: f64 = r.bands.iter().map(|b| b.ms).sum();
+        assert!(close(sum, r.sum_of_bands_ms), "{sum} {}", r.sum_of_bands_ms);
+        let all = r.replay_all_ms / r.baseline_work_ms;
+        let sums = sum / r.sum_reference_ms;
+        assert!(close(all, r.replay_all_over_baseline), "{all}");
+        assert!(close(sums, r.sum_over_replay_all), "{sums}");
+        let (want, _) = validate(
+            all,
+            sums,
+            &r.scaling_ms_per_replay,
+            r.scaling_r2,
+            r.outputs_identical,
         );
-        let all = f(&rr["replay_all_ms"]) / f(&rr["baseline_work_ms"]);
-        let sums = sum / f(&rr["sum_reference_ms"]);
-        assert!(close(all, f(&rr["replay_all_over_baseline"])), "{all}");
-        assert!(close(sums, f(&rr["sum_over_replay_all"])), "{sums}");
-        let checks = rr["checks"].as_array().unwrap();
-        let pass = |name: &str| {
-            let c = checks.iter().find(|c| c["name"] == name).unwrap();
-            c["pass"] == true
+        let verdicts = |c: &[opledger_core::replay::ReplayCheck]| {
+            c.iter()
+                .map(|c| (c.name.clone(), c.pass))
+                .collect::<Vec<_>>()
         };
-        assert_eq!(
-            pass("replay-all"),
-            (all - 1.0).abs() <= REPLAY_ALL_TOLERANCE,
-            "{checks:?}"
-        );
-        assert_eq!(
-            pass("sum-of-bands"),
-            (sums - 1.0).abs() <= SUM_TOLERANCE,
-            "{checks:?}"
-        );
-        let per: Vec<f64> = rr["scaling_ms_per_replay"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|kv| f(&kv[1]))
-            .collect();
-        assert_eq!(per.len(), 3, "{}", rr["scaling_ms_per_replay"]);
-        let lo = per.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = per.iter().copied().fold(0.0, f64::max);
-        let r2 = rr["scaling_r2"].as_f64().unwrap_or(f64::NAN);
-        let linear = lo > 0.0 && hi / lo <= SCALING_SPREAD_MAX && r2 >= SCALING_R2_MIN;
-        assert_eq!(pass("k-scaling"), linear, "{checks:?}");
+        assert_eq!(verdicts(&r.checks), verdicts(&want), "{:?}", r.checks);
         // no load changes the logits
-        assert!(pass("outputs"), "{checks:?}");
+        assert!(r.outputs_identical, "{:?}", r.checks);
         // unreliable is said, each failed check printed with its figure, and the exit is 3
-        let reliable = checks.iter().all(|c| c["pass"] == true);
-        assert_eq!(rr["reliable"] == true, reliable);
-        for c in checks.iter().filter(|c| c["pass"] != true) {
-            let line = format!(
-                "check failed: replay B {}: {}",
-                c["name"].as_str().unwrap(),
-                c["detail"].as_str().unwrap()
-            );
+        assert_eq!(r.reliable, r.failed_checks().is_empty());
+        for c in r.checks.iter().filter(|c| !c.pass) {
+            let line = format!("check failed: replay B {}: {}", c.name, c.detail);
             assert!(stderr.contains(&line), "{line}\n{stderr}");
         }
-        assert_eq!(code, Some(if reliable { 0 } else { 3 }), "{stderr}");
+        assert_eq!(code, Some(if r.reliable { 0 } else { 3 }), "{stderr}");
         eprintln!(
-            "noise {noise:.3} ms, scale {}, k per band {}, skipped {}, replay-all / baseline {:.3}, sum / reference {:.3}",
-            rr["scale"],
-            rr["bands"]
-                .as_array()
-                .unwrap()
+            "noise {noise:.3} ms, scale {}, k per band {}, skipped {}, replay-all / baseline {all:.3}, sum / reference {sums:.3}",
+            r.scale,
+            r.bands
                 .iter()
-                .map(|b| format!("{} {}", b["band"], b["k"]))
+                .map(|b| format!("{} {}", b.band, b.k))
                 .collect::<Vec<_>>()
                 .join(", "),
-            rr["skipped"],
-            rr["replay_all_over_baseline"],
-            rr["sum_over_replay_all"]
+            r.skipped
+                .iter()
+                .map(|s| s.band.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
         );
         return;
     }
