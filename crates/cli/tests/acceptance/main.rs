@@ -1,0 +1,744 @@
+//! The acceptance benchmark: the claims about real engines' timing, measured on real models and
+//! held against their original bounds. Not part of `cargo test` (the target has `test = false`:
+//! a shared, noisy machine decides these figures, not the code alone); run by hand or on a quiet
+//! machine through `scripts/acceptance`, which prints every claim with its figure, its bound and
+//! pass or fail, writes them as JSON, and exits 1 when any claim failed.
+//!
+//! Where each claim's method is tested exactly (scripted timings and noise on the mock engine)
+//! is said in ARCHITECTURE.md, "Where a timing claim is tested"; this file holds what only a
+//! real engine on a real machine can show: that the method's figures come out right there.
+//!
+//! Usage (after `--` of `cargo test --test acceptance`): `[--json FILE] [--list] [GROUP ...]`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Instant;
+
+use opledger_core::profile::{CheckStatus, ProfileSummary};
+use serde::Serialize;
+
+/// One claim: what is claimed, the figure measured, the bound it is held against (as written),
+/// and whether it held.
+#[derive(Debug, Clone, Serialize)]
+struct Claim {
+    group: &'static str,
+    name: String,
+    figure: Option<f64>,
+    bound: String,
+    pass: bool,
+    detail: String,
+}
+
+/// A group's claims as they are measured.
+struct Claims {
+    group: &'static str,
+    list: Vec<Claim>,
+}
+
+impl Claims {
+    fn new(group: &'static str) -> Claims {
+        Claims {
+            group,
+            list: Vec::new(),
+        }
+    }
+
+    /// `figure` held against `bound` (written out for the reader) by `pass`.
+    fn add(&mut self, name: &str, figure: f64, bound: &str, pass: bool, detail: String) {
+        self.list.push(Claim {
+            group: self.group,
+            name: name.into(),
+            figure: figure.is_finite().then_some(figure),
+            bound: bound.into(),
+            pass: pass && figure.is_finite(),
+            detail,
+        });
+    }
+
+    /// A claim that is a yes or no (a verdict, a check's status).
+    fn says(&mut self, name: &str, said: &str, bound: &str, pass: bool) {
+        self.list.push(Claim {
+            group: self.group,
+            name: name.into(),
+            figure: None,
+            bound: bound.into(),
+            pass,
+            detail: said.into(),
+        });
+    }
+}
+
+type Group = fn(&Ctx, &mut Claims) -> Result<(), String>;
+
+/// The claim groups, in the order they run.
+const GROUPS: &[(&str, &str, Group)] = &[
+    (
+        "profile-tiny",
+        "the default tiny qwen35moe, 512 tokens: agreement, overhead, no node corrected at 0",
+        profile_tiny,
+    ),
+    (
+        "profile-gemma3",
+        "Gemma 3 270M, 128 tokens: agreement, overhead, no node corrected at 0",
+        profile_gemma3,
+    ),
+    (
+        "isolation",
+        "the isolation calibration through the callback costs no less than the bare graph compute",
+        isolation,
+    ),
+    (
+        "sweep-prefill",
+        "tiny qwen35moe, depths 0..8192: attention grows (slope, R²), the MoE band is flat",
+        sweep_prefill,
+    ),
+    (
+        "sweep-decode",
+        "tiny qwen35moe decode after depths 512..4608: attention grows, experts and projections change far less, the isolation cost removed",
+        sweep_decode,
+    ),
+    (
+        "replay-gemma3",
+        "in-graph replay of Gemma 3 270M's 128 tokens: the three validations within their bounds",
+        replay_gemma3,
+    ),
+    (
+        "replay-tiny",
+        "the tiny qwen3moe ledger's llama.cpp replay: reliable, exit 0",
+        replay_tiny,
+    ),
+    (
+        "worker-aa",
+        "A/A of two processes: the worker against itself and against the embedded engine, no change",
+        worker_aa,
+    ),
+    (
+        "worker-bands",
+        "the worker's bands against the embedded engine's, profiles in turn: within 0.7-1.43",
+        worker_bands,
+    ),
+];
+
+struct Ctx {
+    dir: tempfile::TempDir,
+    worker: std::cell::OnceCell<Result<PathBuf, String>>,
+}
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_opledger"))
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn run(args: &[&str], extra: &[&Path]) -> Result<Output, String> {
+    Command::new(bin())
+        .args(args)
+        .args(extra)
+        .output()
+        .map_err(|e| format!("running opledger {}: {e}", args.join(" ")))
+}
+
+/// Fails with the command's stderr unless it exited with one of `codes`.
+fn expect(o: &Output, codes: &[i32], what: &str) -> Result<(), String> {
+    match o.status.code() {
+        Some(c) if codes.contains(&c) => Ok(()),
+        _ => Err(format!(
+            "{what}: {:?}: {}",
+            o.status,
+            tail(&String::from_utf8_lossy(&o.stderr))
+        )),
+    }
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(8)..].join("\n")
+}
+
+fn json(path: &Path) -> Result<serde_json::Value, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn num(v: &serde_json::Value, what: &str) -> Result<f64, String> {
+    v.as_f64()
+        .ok_or_else(|| format!("{what}: not a number: {v}"))
+}
+
+impl Ctx {
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn synth(&self, preset: &str) -> Result<PathBuf, String> {
+        let model = self.path(&format!("{preset}.gguf"));
+        if !model.exists() {
+            let o = run(&["synth", "--preset", preset, "-q", "-o"], &[&model])?;
+            expect(&o, &[0], "synth")?;
+        }
+        Ok(model)
+    }
+
+    fn gemma3(&self) -> Result<PathBuf, String> {
+        let script = repo().join("scripts/fetch-models");
+        let o = Command::new(&script)
+            .arg("gemma-3-270m-q4_k_m")
+            .output()
+            .map_err(|e| format!("{}: {e}", script.display()))?;
+        if !o.status.success() {
+            return Err(format!(
+                "{} failed: {}",
+                script.display(),
+                String::from_utf8_lossy(&o.stderr)
+            ));
+        }
+        Ok(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+    }
+
+    /// The worker, built once against the llama.cpp libraries of this build.
+    fn worker(&self) -> Result<PathBuf, String> {
+        self.worker
+            .get_or_init(|| {
+                let exe = bin();
+                let profile_dir = exe.parent().unwrap();
+                let profile = profile_dir.file_name().unwrap().to_string_lossy();
+                let o = Command::new(repo().join("scripts/build-worker"))
+                    .args(["--from-cargo", "--profile", &profile])
+                    .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap())
+                    .output()
+                    .map_err(|e| format!("scripts/build-worker: {e}"))?;
+                if !o.status.success() {
+                    return Err(format!(
+                        "building the worker: {}",
+                        tail(&String::from_utf8_lossy(&o.stderr))
+                    ));
+                }
+                let out = String::from_utf8_lossy(&o.stdout);
+                Ok(PathBuf::from(out.lines().last().unwrap_or("").trim()))
+            })
+            .clone()
+    }
+}
+
+/// A profile's timing claims: agreement within its goal, the instrument's overhead within its
+/// goal, and no working node stopped at 0 by removing the isolation cost. The goals are the
+/// README's (±3 %, ≤ 1.01), written here, not read from the code that judges them.
+fn profile_claims(c: &mut Claims, run: &Path) -> Result<(), String> {
+    let s: ProfileSummary = serde_json::from_value(json(&run.join("summary.json"))?)
+        .map_err(|e| format!("summary.json: {e}"))?;
+    c.add(
+        "agreement",
+        s.agreement,
+        "|sum TIMED / FUSED - 1| <= 0.03",
+        s.agreement.abs() <= 0.03,
+        format!("{:+.2} %", s.agreement * 100.0),
+    );
+    c.add(
+        "overhead",
+        s.overhead,
+        "FUSED with instrument / without <= 1.01",
+        s.overhead <= 1.01,
+        format!("{:.4}", s.overhead),
+    );
+    let clamped = s
+        .checks
+        .iter()
+        .find(|k| k.name == "corrected at 0")
+        .map(|k| k.detail.clone());
+    c.says(
+        "corrected at 0",
+        clamped.as_deref().unwrap_or("no working node stopped at 0"),
+        "no working node's TIMED time below its isolation cost",
+        clamped.is_none(),
+    );
+    for name in ["cycles", "noise"] {
+        if let Some(k) = s.checks.iter().find(|k| k.name == name) {
+            c.says(
+                name,
+                &k.detail,
+                "the check passes",
+                k.status == CheckStatus::Pass,
+            );
+        }
+    }
+    Ok(())
+}
+
+fn profile_tiny(x: &Ctx, c: &mut Claims) -> Result<(), String> {
+    let run_dir = x.path("profile-tiny");
+    let o = run(&["profile", "-q", "-o"], &[&run_dir])?;
+    expect(&o, &[0, 3], "profile")?;
+    profile_claims(c, &run_dir)
+}
+
+fn profile_gemma3(x: &Ctx, c: &mut Claims) -> Result<(), String> {
+    let model = x.gemma3()?;
+    let run_dir = x.path("profile-gemma3");
+    let o = run(
+        &["profile", "-p", "128", "-r", "5", "-q", "-m"],
+        &[&model, Path::new("-o"), &run_dir],
+    )?;
+    expect(&o, &[0, 3], "profile")?;
+    profile_claims(c, &run_dir)
+}
+
+fn isolation(_: &Ctx, c: &mut Claims) -> Result<(), String> {
+    use opledger_llama::calibrate::Dispatch;
+    let _backend = opledger_llama::Backend::init(false);
+    let pool = opledger_llama::ThreadPool::new(2).map_err(|e| e.to_string())?;
+    // a view after every other working node, a third of them on one thread
+    let pattern: Vec<Dispatch> = (0..96)
+        .map(|i| match i % 6 {
+            2 | 5 => Dispatch::Idle,
+            4 => Dispatch::OneThread,
+            _ => Dispatch::AllThreads,
+        })
+        .collect();
+    let k =
+        opledger_llama::calibrate::isolation_cost(&pool, &pattern, 5).map_err(|e| e.to_string())?;
+    // the callback's path holds the bare graph compute and more; 1 µs a node of timing noise
+    c.add(
+        "per node through the callback - bare, µs",
+        k.per_node_us - k.bare_per_node_us,
+        ">= -1",
+        k.per_node_us + 1.0 >= k.bare_per_node_us,
+        format!("{:.2} against {:.2} µs", k.per_node_us, k.bare_per_node_us),
+    );
+    Ok(())
+}
+
+/// A fit of a sweep's summary: (slope, its standard error, R², change across the sweep, flat).
+fn fit(fits: &serde_json::Value, band: &str) -> Result<(f64, f64, f64, f64, bool), String> {
+    let f = fits
+        .as_array()
+        .and_then(|a| a.iter().find(|f| f["band"] == band))
+        .ok_or_else(|| format!("no fit of {band}"))?;
+    Ok((
+        num(&f["fit"]["b"], "b")?,
+        num(&f["fit"]["se_b"], "se_b")?,
+        num(&f["fit"]["r2"], "r2")?,
+        num(&f["change"], "change")?,
+        f["flat"].as_bool().ok_or("flat: not a bool")?,
+    ))
+}
+
+/// Attention grows with depth: a slope beyond three standard errors and a line that explains
+/// most of the variation (R² > 0.7).
+fn attention_grows(c: &mut Claims, prefix: &str, (b, se, r2, ..): (f64, f64, f64, f64, bool)) {
+    c.add(
+        &format!("{prefix}attention slope / its standard error"),
+        b / se,
+        "> 3",
+        b > 3.0 * se,
+        format!("slope {b:.3e} ± {se:.1e}"),
+    );
+    c.add(
+        &format!("{prefix}attention R²"),
+        r2,
+        "> 0.7",
+        r2 > 0.7,
+        String::new(),
+    );
+}
+
+fn sweep_prefill(x: &Ctx, c: &mut Claims) -> Result<(), String> {
+    let model = x.synth("tiny-qwen35moe")?;
+    let run_dir = x.path("sweep-prefill");
+    let o = run(
+        &[
+            "sweep",
+            "-p",
+            "512",
+            "--max-depth",
+            "8192",
+            "-r",
+            "3",
+            "-t",
+            "2",
+            "-q",
+            "-m",
+        ],
+        &[&model, Path::new("-o"), &run_dir],
+    )?;
+    expect(&o, &[0, 3], "sweep")?;
+    let s = json(&run_dir.join("summary.json"))?;
+    let att = fit(&s["fits"], "attention")?;
+    attention_grows(c, "", att);
+    c.says(
+        "attention not flat",
+        &format!("flat = {}", att.4),
+        "flat = false",
+        !att.4,
+    );
+    // the FFN does not depend on the context: the sweep's own fit finds it flat (within 10 % or
+    // no significant slope), the bound this claim had before it left CI
+    let moe = fit(&s["fits"], "moe")?;
+    c.says(
+        "moe flat",
+        &format!("flat = {}, change {:+.1} %", moe.4, moe.3 * 100.0),
+        "flat = true",
+        moe.4,
+    );
+    Ok(())
+}
+
+fn sweep_decode(x: &Ctx, c: &mut Claims) -> Result<(), String> {
+    let model = x.synth("tiny-qwen35moe")?;
+    let run_dir = x.path("sweep-decode");
+    let o = run(
+        &[
+            "sweep",
+            "-p",
+            "512",
+            "--max-depth",
+            "4096",
+            "-n",
+            "8",
+            "--parallel",
+            "4",
+            "-r",
+            "3",
+            "-t",
+            "2",
+            "-q",
+            "-m",
+        ],
+        &[&model, Path::new("-o"), &run_dir],
+    )?;
+    expect(&o, &[0, 3], "sweep")?;
+    let s = json(&run_dir.join("summary.json"))?;
+    let d = &s["decode"];
+    let att = fit(&d["fits"], "attention")?;
+    attention_grows(c, "decode ", att);
+    c.add(
+        "decode attention change",
+        att.3,
+        "> 1.0 (more than doubles)",
+        att.3 > 1.0,
+        String::new(),
+    );
+    // the bound before it was loosened (e303bc6): under half of their mean, and under a third
+    // of attention's relative change
+    for band in ["moe", "projections"] {
+        let f = fit(&d["fits"], band)?;
+        c.add(
+            &format!("decode {band} change"),
+            f.3,
+            "|change| < 0.5 and < attention's / 3",
+            f.3.abs() < 0.5 && f.3.abs() < att.3 / 3.0,
+            format!("attention's {:.3}", att.3),
+        );
+    }
+    let (corr, raw) = (
+        num(&d["mean_abs_agreement_corrected"], "corrected agreement")?,
+        num(&d["mean_abs_agreement"], "agreement")?,
+    );
+    c.add(
+        "decode |agreement| corrected / raw",
+        corr / raw,
+        "< 1 (removing the isolation cost brings TIMED closer to FUSED)",
+        corr < raw,
+        format!("{corr:.4} against {raw:.4}"),
+    );
+    Ok(())
+}
+
+/// A replay's three validations against the bounds they had when replay was written (1 ± 0.15,
+/// 1 ± 0.15, a spread of at most 1.5 and R² of 0.9 or more), written here, not read from
+/// `core::replay`.
+fn replay_claims(c: &mut Claims, r: &opledger_core::replay::ReplayResult) {
+    c.add(
+        "replay-all / baseline work",
+        r.replay_all_over_baseline,
+        "1 ± 0.15",
+        (r.replay_all_over_baseline - 1.0).abs() <= 0.15,
+        format!("scale {}", r.scale),
+    );
+    c.add(
+        "sum of bands / replay-all",
+        r.sum_over_replay_all,
+        "1 ± 0.15",
+        (r.sum_over_replay_all - 1.0).abs() <= 0.15,
+        format!(
+            "skipped {:?}",
+            r.skipped.iter().map(|b| &b.band).collect::<Vec<_>>()
+        ),
+    );
+    c.add(
+        "per-replay cost spread over k",
+        r.scaling_spread,
+        "<= 1.5",
+        r.scaling_spread <= 1.5,
+        format!("{:?} ms per replay at k", r.scaling_ms_per_replay),
+    );
+    c.add(
+        "R² of the per-replay line over k",
+        r.scaling_r2,
+        ">= 0.9",
+        r.scaling_r2 >= 0.9,
+        String::new(),
+    );
+    c.says(
+        "outputs",
+        &format!("identical = {}", r.outputs_identical),
+        "bit-identical logits",
+        r.outputs_identical,
+    );
+}
+
+fn replay_gemma3(x: &Ctx, c: &mut Claims) -> Result<(), String> {
+    use opledger_core::engine::{Engine, Work};
+    let model = x.gemma3()?;
+    let file = opledger_app::model::ModelFile::open(&model).map_err(|e| e.to_string())?;
+    let rules =
+        opledger_core::band::BandRules::builtin(&file.arch.arch).map_err(|e| e.to_string())?;
+    let mut e = opledger_llama::LlamaEngine::load(opledger_llama::LlamaConfig::new(
+        opledger_gguf::LlamaLoadable::open(&model).map_err(|e| e.to_string())?,
+        2,
+    ))
+    .map_err(|e| e.to_string())?;
+    // each band's expected cost from a profile of three cycles, as `ledger` measures it
+    let work = Work::prefill(128, 0);
+    let cfg = opledger_core::profile::ProfileConfig {
+        work: work.clone(),
+        cycles: 3,
+        warmup: 1,
+        overhead_pairs: 0,
+        gate: Default::default(),
+    };
+    let raw = opledger_core::profile::measure(&mut e, &cfg, &mut |_, _, _| {})
+        .map_err(|e| e.to_string())?;
+    let (_, summary) =
+        opledger_core::profile::analyse(&raw, &rules, &file.arch).map_err(|e| e.to_string())?;
+    let expected = summary
+        .bands
+        .iter()
+        .map(|b| (b.band.clone(), b.ms_per_token * 128.0))
+        .collect();
+    e.prepare(&work).map_err(|e| e.to_string())?;
+    let graph = e.graph().map_err(|e| e.to_string())?;
+    let a = opledger_core::band::Categoriser::new(&rules, &file.arch).categorise(&graph);
+    let r = opledger_core::replay::measure_replay(
+        &mut e,
+        &graph,
+        &a,
+        &rules.bands_in(&a),
+        128,
+        &opledger_core::replay::ReplayConfig { k: 4, cycles: 3 },
+        &expected,
+        &mut |_, _, _| {},
+    )
+    .map_err(|e| format!("no replay: {e}"))?;
+    replay_claims(c, &r);
+    // the bands that carry the work stand out of the noise at some k: the plan may skip only a
+    // small one, and the sum of bands then covers the rest
+    let skipped: f64 = r.skipped.iter().map(|b| b.expected_ms).sum();
+    c.add(
+        "skipped bands' share of the work",
+        skipped / r.baseline_work_ms,
+        "< 0.05",
+        skipped < 0.05 * r.baseline_work_ms,
+        format!("noise {:.1} ms", r.noise_ms),
+    );
+    Ok(())
+}
+
+fn replay_tiny(x: &Ctx, c: &mut Claims) -> Result<(), String> {
+    let model = x.synth("tiny-qwen3moe")?;
+    let run_dir = x.path("replay-tiny");
+    let o = run(
+        &[
+            "ledger",
+            "-r",
+            "3",
+            "-k",
+            "4",
+            "--replay-cycles",
+            "7",
+            "-t",
+            "2",
+            "--json",
+            "-m",
+        ],
+        &[&model, Path::new("-o"), &run_dir],
+    )?;
+    expect(&o, &[0, 3], "ledger")?;
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).map_err(|e| e.to_string())?;
+    if r["replay_b"].is_null() {
+        return Err(format!("no llama.cpp replay: {}", r["notes"]));
+    }
+    let rb: opledger_core::replay::ReplayResult =
+        serde_json::from_value(r["replay_b"].clone()).map_err(|e| e.to_string())?;
+    replay_claims(c, &rb);
+    c.says(
+        "exit",
+        &format!("{:?}", o.status.code()),
+        "0 (every check passed)",
+        o.status.code() == Some(0),
+    );
+    Ok(())
+}
+
+fn ab(x: &Ctx, model: &Path, a: &str, b: &str, name: &str) -> Result<serde_json::Value, String> {
+    let out = x.path(name);
+    let o = run(
+        &[
+            "ab", "-p", "64", "-r", "6", "-t", "1", "--json", "--a", a, "--b", b, "-m",
+        ],
+        &[model, Path::new("-o"), &out],
+    )?;
+    expect(&o, &[0, 5], "ab")?;
+    serde_json::from_slice(&o.stdout).map_err(|e| e.to_string())
+}
+
+fn worker_aa(x: &Ctx, c: &mut Claims) -> Result<(), String> {
+    let w = x.worker()?;
+    let model = x.synth("tiny-qwen35moe")?;
+    let side = format!("worker={}", w.display());
+    for (a, b, name) in [
+        (side.as_str(), side.as_str(), "worker against worker"),
+        ("worker=embedded", side.as_str(), "embedded against worker"),
+    ] {
+        let r = ab(x, &model, a, b, &name.replace(' ', "-"))?;
+        let s = &r["scenarios"][0];
+        let verdict = r["verdict"].as_str().unwrap_or("none");
+        c.says(
+            &format!("{name}: verdict"),
+            &format!(
+                "{verdict}: B/A {} [{}-{}], control {} [{}-{}]",
+                s["ratio"],
+                s["ratio_lo"],
+                s["ratio_hi"],
+                s["control_ratio"],
+                s["control_lo"],
+                s["control_hi"]
+            ),
+            "no_change",
+            verdict == "no_change",
+        );
+    }
+    Ok(())
+}
+
+fn worker_bands(x: &Ctx, c: &mut Claims) -> Result<(), String> {
+    let w = x.worker()?;
+    let model = x.synth("tiny-qwen35moe")?;
+    let args = ["profile", "-p", "64", "-r", "3", "-t", "1", "-q", "-m"];
+    let (mut embedded, mut through) = (Vec::new(), Vec::new());
+    for round in 0..3 {
+        for (list, name, extra) in [
+            (&mut embedded, "e", None),
+            (&mut through, "w", Some(w.as_path())),
+        ] {
+            let dir = x.path(&format!("bands-{name}{round}"));
+            let mut tail: Vec<&Path> = vec![&model, Path::new("-o"), &dir];
+            if let Some(w) = extra {
+                tail.extend([Path::new("--llama-worker"), w]);
+            }
+            let o = run(&args, &tail)?;
+            expect(&o, &[0, 3], "profile")?;
+            let s: ProfileSummary = serde_json::from_value(json(&dir.join("summary.json"))?)
+                .map_err(|e| e.to_string())?;
+            list.push(s);
+        }
+    }
+    let median = |v: &[ProfileSummary], band: &str| {
+        let mut p: Vec<f64> = v
+            .iter()
+            .filter_map(|s| s.bands.iter().find(|b| b.band == band))
+            .map(|b| b.ms_per_token)
+            .collect();
+        p.sort_by(f64::total_cmp);
+        p[p.len() / 2]
+    };
+    let total: f64 = embedded[0].bands.iter().map(|b| b.ms_per_token).sum();
+    for b in &embedded[0].bands {
+        if b.ms_per_token < 0.1 * total {
+            continue;
+        }
+        let ratio = median(&through, &b.band) / median(&embedded, &b.band);
+        c.add(
+            &format!("{}: worker / embedded", b.band),
+            ratio,
+            "0.7 ..= 1.43",
+            (0.7..=1.43).contains(&ratio),
+            String::new(),
+        );
+    }
+    Ok(())
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut json_out: Option<PathBuf> = None;
+    let mut only: Vec<String> = Vec::new();
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--json" => json_out = args.next().map(PathBuf::from),
+            "--list" => {
+                for (name, what, _) in GROUPS {
+                    println!("{name:16} {what}");
+                }
+                return;
+            }
+            // what cargo's harness would take: ignored, this target has its own
+            "--nocapture" | "--quiet" | "-q" => {}
+            g if GROUPS.iter().any(|(n, ..)| *n == g) => only.push(g.into()),
+            other => {
+                eprintln!("acceptance: unknown argument or group '{other}' (--list names them)");
+                std::process::exit(2);
+            }
+        }
+    }
+    let ctx = Ctx {
+        dir: tempfile::tempdir().expect("a temporary folder"),
+        worker: Default::default(),
+    };
+    let started = Instant::now();
+    let mut claims = Vec::new();
+    for (name, what, group) in GROUPS {
+        if !only.is_empty() && !only.iter().any(|o| o == name) {
+            continue;
+        }
+        eprintln!("acceptance: {name}: {what}");
+        let t0 = Instant::now();
+        let mut c = Claims::new(name);
+        if let Err(e) = group(&ctx, &mut c) {
+            c.says("measured", &e, "the measurement runs", false);
+        }
+        for k in &c.list {
+            eprintln!(
+                "  {} {:38} {:>10}  bound {}  {}",
+                if k.pass { "pass" } else { "FAIL" },
+                k.name,
+                k.figure.map_or("-".into(), |f| format!("{f:.4}")),
+                k.bound,
+                k.detail
+            );
+        }
+        eprintln!("  ({:.0} s)", t0.elapsed().as_secs_f64());
+        claims.extend(c.list);
+    }
+    let failed = claims.iter().filter(|c| !c.pass).count();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let doc = serde_json::json!({
+        "claims": claims,
+        "passed": claims.len() - failed,
+        "failed": failed,
+        "seconds": started.elapsed().as_secs_f64(),
+        "loadavg_at_end": load.trim(),
+        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+    });
+    if let Some(p) = &json_out {
+        if let Some(d) = p.parent() {
+            let _ = std::fs::create_dir_all(d);
+        }
+        std::fs::write(p, serde_json::to_vec_pretty(&doc).unwrap())
+            .unwrap_or_else(|e| panic!("writing {}: {e}", p.display()));
+        eprintln!("acceptance: claims written to {}", p.display());
+    }
+    println!("{} passed, {} failed", claims.len() - failed, failed);
+    std::process::exit(if failed == 0 { 0 } else { 1 });
+}
