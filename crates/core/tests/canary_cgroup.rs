@@ -3,11 +3,12 @@
 //! as root). Under the quota this process is throttled, its time shows as idle, no other process
 //! is busier: the /proc gate sees nothing, the canary around each run is slowed.
 //!
-//! Where the cpu controller is not writable (not root, cgroup v2, a container) the test says so
-//! on stderr (past the test harness's capture) and passes without asserting anything. Where
-//! other processes were busy before the quota went on, the half that shows /proc blind is
-//! skipped the same way (the /proc gate then rejects for its own reasons); the canary's half
-//! is asserted whatever the machine's load.
+//! Where the cpu controller is not writable (not root, cgroup v2, a container) the test prints a
+//! `SKIP` line with the reason on stderr (past the test harness's capture), which `.ci/run`
+//! counts and lists, and asserts nothing more. Where other processes were busy before the quota
+//! went on, the half that shows /proc blind is skipped the same way, with its own `SKIP` line
+//! (the /proc gate then rejects for its own reasons); the canary's half is asserted whatever the
+//! machine's load.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,6 +27,15 @@ const RUNS: usize = 6;
 /// Says something on stderr even when the harness captures the test's output.
 fn say(msg: &str) {
     let _ = writeln!(std::io::stderr(), "canary_cgroup: {msg}");
+}
+
+/// A part of the test not run here, and why: a line of its own that starts with `SKIP`, which
+/// `.ci/run` counts and lists after the tests.
+fn skip(part: &str, why: &str) {
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIP canary_cgroup::a_cpu_quota_slows_the_canary_and_not_the_proc_gate{part}: {why}"
+    );
 }
 
 /// A cgroup of this process's own under the cpu controller; on drop the process goes back to
@@ -128,9 +138,7 @@ fn a_cpu_quota_slows_the_canary_and_not_the_proc_gate() {
     let cg = match OwnCgroup::enter() {
         Ok(cg) => cg,
         Err(why) => {
-            say(&format!(
-                "SKIPPED, the cpu cgroup is not writable here: {why}"
-            ));
+            skip("", &format!("the cpu cgroup is not writable here: {why}"));
             return;
         }
     };
@@ -204,9 +212,12 @@ fn a_cpu_quota_slows_the_canary_and_not_the_proc_gate() {
 
     // /proc: blind to the quota, shown where the machine was quiet before it went on
     if busy_before > 0 {
-        say(&format!(
-            "/proc half SKIPPED: other processes were busy in {busy_before} of {RUNS} runs before the quota (the /proc gate flags them for its own reasons), so its blindness to the quota cannot be shown now"
-        ));
+        skip(
+            " (its /proc half)",
+            &format!(
+                "other processes were busy in {busy_before} of {RUNS} runs before the quota (the /proc gate flags them for its own reasons), so its blindness to the quota cannot be shown now"
+            ),
+        );
         return;
     }
     let proc_flagged = throttled.iter().filter(|r| r.1).count();
