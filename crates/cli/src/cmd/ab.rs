@@ -111,8 +111,8 @@ pub struct AbArgs {
     pub b: String,
     #[command(flatten)]
     pub work: WorkArgs,
-    /// Interleaved A/B pairs per scenario (at least 4: the control splits A's runs in two
-    /// halves of two or more).
+    /// Interleaved A/B pairs per scenario (at least 4: the control compares A's runs of the
+    /// odd-numbered pairs with those of the even-numbered ones, two or more each).
     #[arg(short = 'r', long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(4..))]
     pub pairs: u32,
     /// The run folder (default: runs/<time>-ab-<model>).
