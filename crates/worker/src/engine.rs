@@ -891,8 +891,7 @@ impl GraphCapturer for WorkerEngine {
 /// What a manifest records of a worker's devices and backend settings, from its hello and the
 /// devices its load left (`devices`): every device with its description, kind and memory; the
 /// registered backends; the worker's `GGML_*` / `CUDA_*` / `LLAMA_*` environment; with a CUDA
-/// backend, whether CUDA graphs are on (ggml's `GGML_CUDA_DISABLE_GRAPHS` switches them off,
-/// set to anything; `GGML_CUDA_GRAPHS=OFF` compiles them out) and the NVIDIA driver of this
+/// backend, what is known of CUDA graphs ([`cuda_graphs`]) and the NVIDIA driver of this
 /// machine (`/proc/driver/nvidia/version`).
 pub fn recorded_settings(h: &Hello, devices: &[Device]) -> BTreeMap<String, String> {
     let l = &h.llama;
@@ -922,14 +921,7 @@ pub fn recorded_settings(h: &Hello, devices: &[Device]) -> BTreeMap<String, Stri
         },
     );
     if l.backends.iter().any(|b| b == "CUDA") {
-        let graphs = if l.env.contains_key("GGML_CUDA_DISABLE_GRAPHS") {
-            "off (GGML_CUDA_DISABLE_GRAPHS is set)"
-        } else if l.build_options.contains("GGML_CUDA_GRAPHS=OFF") {
-            "off (built with GGML_CUDA_GRAPHS=OFF)"
-        } else {
-            "on"
-        };
-        settings.insert("cuda_graphs".into(), graphs.into());
+        settings.insert("cuda_graphs".into(), cuda_graphs(l));
         let driver = std::fs::read_to_string("/proc/driver/nvidia/version")
             .ok()
             .and_then(|t| t.lines().next().map(|l| l.trim().to_string()))
@@ -937,6 +929,32 @@ pub fn recorded_settings(h: &Hello, devices: &[Device]) -> BTreeMap<String, Stri
         settings.insert("driver".into(), driver);
     }
     settings
+}
+
+/// What a manifest may say of CUDA graphs in a worker with a CUDA backend. Whether ggml ran a
+/// graph through CUDA graphs is reported by no llama.cpp or ggml API (ggml also turns them off
+/// by itself, per graph, for reasons it does not report), so a run says `unknown` with what was
+/// requested: `GGML_CUDA_DISABLE_GRAPHS` in the worker's environment (ggml reads its presence,
+/// whatever its value) asks for them off, its absence leaves ggml's default. Only a build
+/// configured with `GGML_CUDA_GRAPHS=OFF` has none to run: that is the build's fact, stated as
+/// such.
+pub fn cuda_graphs(l: &crate::protocol::LlamaBuild) -> String {
+    // CMake's false values, as the worker's CMakeLists writes the option (`NAME=VALUE`)
+    let built_without = l.build_options.split_whitespace().find(|o| {
+        o.strip_prefix("GGML_CUDA_GRAPHS=").is_some_and(|v| {
+            ["OFF", "0", "NO", "FALSE", "N"]
+                .iter()
+                .any(|f| v.eq_ignore_ascii_case(f))
+        })
+    });
+    if let Some(option) = built_without {
+        return format!("off (built with {option})");
+    }
+    let requested = match l.env.get("GGML_CUDA_DISABLE_GRAPHS") {
+        Some(v) => format!("GGML_CUDA_DISABLE_GRAPHS={v} was set"),
+        None => "GGML_CUDA_DISABLE_GRAPHS was not set".into(),
+    };
+    format!("unknown (not reported by the backend; {requested})")
 }
 
 /// A prefill chunk's hash from its rows' (as the embedded engine's): every token's row folded
@@ -971,7 +989,7 @@ mod tests {
     }
 
     #[test]
-    fn the_manifest_says_whether_cuda_graphs_ran_and_what_the_worker_saw() {
+    fn the_manifest_says_what_was_asked_of_cuda_graphs_not_that_they_ran() {
         let gpu = Device {
             name: "CUDA0".into(),
             description: "NVIDIA H200".into(),
@@ -983,7 +1001,11 @@ mod tests {
             &hello(&["CUDA", "CPU"], "GGML_CUDA=ON GGML_CUDA_GRAPHS=ON", &[]),
             std::slice::from_ref(&gpu),
         );
-        assert_eq!(on["cuda_graphs"], "on");
+        // nothing reports whether CUDA graphs ran: unknown, with what was asked
+        assert_eq!(
+            on["cuda_graphs"],
+            "unknown (not reported by the backend; GGML_CUDA_DISABLE_GRAPHS was not set)"
+        );
         assert_eq!(on["worker_env"], "none");
         assert_eq!(
             on["devices"],
@@ -999,7 +1021,10 @@ mod tests {
             ),
             &[gpu],
         );
-        assert_eq!(off["cuda_graphs"], "off (GGML_CUDA_DISABLE_GRAPHS is set)");
+        assert_eq!(
+            off["cuda_graphs"],
+            "unknown (not reported by the backend; GGML_CUDA_DISABLE_GRAPHS=0 was set)"
+        );
         assert_eq!(off["worker_env"], "GGML_CUDA_DISABLE_GRAPHS=0");
         let built_without = recorded_settings(
             &hello(&["CUDA", "CPU"], "GGML_CUDA=ON GGML_CUDA_GRAPHS=OFF", &[]),
@@ -1008,6 +1033,29 @@ mod tests {
         assert_eq!(
             built_without["cuda_graphs"],
             "off (built with GGML_CUDA_GRAPHS=OFF)"
+        );
+        // a build without them says so whatever the environment asks; one with them, asked
+        // for them off, still says only what was asked
+        let both = recorded_settings(
+            &hello(
+                &["CUDA", "CPU"],
+                "GGML_CUDA=ON GGML_CUDA_GRAPHS=0",
+                &[("GGML_CUDA_DISABLE_GRAPHS", "1")],
+            ),
+            &[],
+        );
+        assert_eq!(both["cuda_graphs"], "off (built with GGML_CUDA_GRAPHS=0)");
+        let asked_off = recorded_settings(
+            &hello(
+                &["CUDA", "CPU"],
+                "GGML_CUDA=ON GGML_CUDA_GRAPHS_EXTRA=OFF",
+                &[("GGML_CUDA_DISABLE_GRAPHS", "1")],
+            ),
+            &[],
+        );
+        assert_eq!(
+            asked_off["cuda_graphs"],
+            "unknown (not reported by the backend; GGML_CUDA_DISABLE_GRAPHS=1 was set)"
         );
         // no CUDA backend: nothing said of CUDA graphs or an NVIDIA driver
         let cpu = recorded_settings(&hello(&["CPU", "RPC"], "", &[]), &[]);
