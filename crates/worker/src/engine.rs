@@ -92,6 +92,10 @@ pub struct WorkerEngine {
     decode_graph: Option<Captured>,
     sweep: Option<PassOrder>,
     last_mode: Option<Mode>,
+    /// The processes the noise gate counts as this run's own while the engine lives: the
+    /// worker, and the RPC servers on this machine its graph is split over
+    /// ([`WorkerEngine::count_as_own`]).
+    own: Vec<opledger_core::noise::OwnGuard>,
 }
 
 fn ctx_name(mode: Mode) -> &'static str {
@@ -138,7 +142,7 @@ impl WorkerEngine {
         let mut proc = WorkerProcess::start(&cfg.worker, cfg.timeout, cfg.verbose, &cfg.env)?;
         // the worker computes the measured graph: the noise gate counts its CPU time as the
         // run's own, not another process's
-        opledger_core::noise::count_as_own(&[proc.pid()]);
+        let own = vec![opledger_core::noise::count_as_own(&[proc.pid()])];
         let mut load = json!({
             "model": cfg.model.to_string_lossy(),
             "threads": cfg.threads,
@@ -164,7 +168,14 @@ impl WorkerEngine {
             decode_graph: None,
             sweep: None,
             last_mode: None,
+            own,
         })
+    }
+
+    /// Counts `pids` (the RPC servers on this machine that compute part of the graph) as this
+    /// run's own work in the noise gate for as long as the engine lives.
+    pub fn count_as_own(&mut self, pids: &[u32]) {
+        self.own.push(opledger_core::noise::count_as_own(pids));
     }
 
     /// The worker's hello: its protocol and the llama.cpp build it was compiled against.
