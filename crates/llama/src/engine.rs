@@ -723,6 +723,9 @@ impl Engine for LlamaEngine {
             settings.insert("rpc_split".into(), split.join(","));
         }
         settings.insert("system_info".into(), self.backend.system_info());
+        // what ggml registered and sees, as a worker's manifest records them
+        settings.insert("backends".into(), self.backend.backends().join(","));
+        settings.insert("devices".into(), self.backend.devices().join("; "));
         settings.insert("model_description".into(), self.model.description());
         if let Some(c) = &self.contexts {
             settings.insert("n_ctx".into(), c.observed.n_ctx().to_string());

@@ -526,66 +526,91 @@ impl WorkerEngine {
 
     /// ggml's devices as the load left them (the hello's for a worker that lists none there).
     fn devices(&self) -> &[Device] {
-        if self.loaded.devices.is_empty() {
-            self.proc.hello().llama.devices.as_slice()
-        } else {
-            self.loaded.devices.as_slice()
-        }
+        devices_of(self.proc.hello(), &self.loaded)
+    }
+}
+
+/// ggml's devices as the load left them (the hello's for a worker that lists none there).
+fn devices_of<'a>(h: &'a Hello, loaded: &'a Loaded) -> &'a [Device] {
+    if loaded.devices.is_empty() {
+        h.llama.devices.as_slice()
+    } else {
+        loaded.devices.as_slice()
+    }
+}
+
+/// What a worker engine says of itself ([`Engine::info`]): the settings it loaded with
+/// (`cfg`), its hello's build, the devices its load left (`loaded`) and backend environment
+/// ([`recorded_settings`]), the binary's BLAKE3 (`worker_hash`) and the context size
+/// (`n_ctx`, once created). The backend is the first local GPU's when layers are offloaded to
+/// one, else the CPU.
+pub fn worker_info(
+    cfg: &WorkerConfig,
+    h: &Hello,
+    loaded: &Loaded,
+    worker_hash: &str,
+    n_ctx: Option<u32>,
+) -> EngineInfo {
+    let l = &h.llama;
+    let devices = devices_of(h, loaded);
+    let mut settings = BTreeMap::new();
+    settings.insert("flash_attn".into(), cfg.flash_attn.clone());
+    settings.insert("gpu_layers".into(), cfg.gpu_layers.to_string());
+    settings.insert("swa_full".into(), "false".into());
+    settings.insert("weight_repack".into(), (!cfg.no_repack).to_string());
+    if let Some(u) = cfg.ubatch {
+        settings.insert("ubatch".into(), u.to_string());
+    }
+    if let Some(t) = &cfg.type_k {
+        settings.insert("type_k".into(), t.clone());
+    }
+    if let Some(t) = &cfg.type_v {
+        settings.insert("type_v".into(), t.clone());
+    }
+    settings.insert("system_info".into(), l.system_info.clone());
+    settings.insert("model_description".into(), loaded.description.clone());
+    if let Some(n) = n_ctx {
+        settings.insert("n_ctx".into(), n.to_string());
+    }
+    settings.insert("worker".into(), cfg.worker.display().to_string());
+    settings.insert("worker_blake3".into(), worker_hash.to_string());
+    settings.insert("worker_protocol".into(), h.version.to_string());
+    settings.insert("llama_commit".into(), l.commit.clone());
+    settings.insert("llama_build".into(), l.build.clone());
+    settings.insert("ggml_commit".into(), l.ggml_commit.clone());
+    settings.insert("compiler".into(), l.compiler.clone());
+    settings.insert("build_options".into(), l.build_options.clone());
+    settings.extend(recorded_settings(h, devices));
+    if let Some(r) = &cfg.rpc {
+        settings.insert("rpc".into(), r.servers.join(","));
+        let split: Vec<String> = r.layers.iter().map(|l| l.to_string()).collect();
+        settings.insert("rpc_split".into(), split.join(","));
+    }
+    // the backend of the offloaded layers: the first GPU that is not a remote server's
+    let gpu = devices
+        .iter()
+        .find(|d| d.kind == "gpu" && !opledger_core::split::is_remote(&d.name));
+    EngineInfo {
+        engine: "llama.cpp".into(),
+        version: format!("worker: {}", h.build_label()),
+        backend: match gpu {
+            Some(d) if cfg.gpu_layers != 0 => d.name.clone(),
+            _ => "CPU".into(),
+        },
+        threads: cfg.threads,
+        settings,
     }
 }
 
 impl Engine for WorkerEngine {
     fn info(&self) -> EngineInfo {
-        let h = self.proc.hello();
-        let l = &h.llama;
-        let mut settings = BTreeMap::new();
-        settings.insert("flash_attn".into(), self.cfg.flash_attn.clone());
-        settings.insert("gpu_layers".into(), self.cfg.gpu_layers.to_string());
-        settings.insert("swa_full".into(), "false".into());
-        settings.insert("weight_repack".into(), (!self.cfg.no_repack).to_string());
-        if let Some(u) = self.cfg.ubatch {
-            settings.insert("ubatch".into(), u.to_string());
-        }
-        if let Some(t) = &self.cfg.type_k {
-            settings.insert("type_k".into(), t.clone());
-        }
-        if let Some(t) = &self.cfg.type_v {
-            settings.insert("type_v".into(), t.clone());
-        }
-        settings.insert("system_info".into(), l.system_info.clone());
-        settings.insert("model_description".into(), self.loaded.description.clone());
-        if let Some(n) = self.n_ctx {
-            settings.insert("n_ctx".into(), n.to_string());
-        }
-        settings.insert("worker".into(), self.cfg.worker.display().to_string());
-        settings.insert("worker_blake3".into(), self.worker_hash.clone());
-        settings.insert("worker_protocol".into(), h.version.to_string());
-        settings.insert("llama_commit".into(), l.commit.clone());
-        settings.insert("llama_build".into(), l.build.clone());
-        settings.insert("ggml_commit".into(), l.ggml_commit.clone());
-        settings.insert("compiler".into(), l.compiler.clone());
-        settings.insert("build_options".into(), l.build_options.clone());
-        settings.extend(recorded_settings(h, self.devices()));
-        if let Some(r) = &self.cfg.rpc {
-            settings.insert("rpc".into(), r.servers.join(","));
-            let split: Vec<String> = r.layers.iter().map(|l| l.to_string()).collect();
-            settings.insert("rpc_split".into(), split.join(","));
-        }
-        // the backend of the offloaded layers: the first GPU that is not a remote server's
-        let gpu = self
-            .devices()
-            .iter()
-            .find(|d| d.kind == "gpu" && !opledger_core::split::is_remote(&d.name));
-        EngineInfo {
-            engine: "llama.cpp".into(),
-            version: format!("worker: {}", h.build_label()),
-            backend: match gpu {
-                Some(d) if self.cfg.gpu_layers != 0 => d.name.clone(),
-                _ => "CPU".into(),
-            },
-            threads: self.cfg.threads,
-            settings,
-        }
+        worker_info(
+            &self.cfg,
+            self.proc.hello(),
+            &self.loaded,
+            &self.worker_hash,
+            self.n_ctx,
+        )
     }
 
     fn prepare(&mut self, work: &Work) -> Result<(), EngineError> {
@@ -911,13 +936,12 @@ pub fn recorded_settings(h: &Hello, devices: &[Device]) -> BTreeMap<String, Stri
     let list: Vec<String> = devices
         .iter()
         .map(|d| {
-            format!(
-                "{} ({}, {}, {:.1} GiB, {:.1} GiB free)",
-                d.name,
-                d.description,
-                d.kind,
-                d.memory_total as f64 / (1u64 << 30) as f64,
-                d.memory_free as f64 / (1u64 << 30) as f64
+            opledger_core::engine::device_line(
+                &d.name,
+                &d.description,
+                &d.kind,
+                d.memory_total,
+                d.memory_free,
             )
         })
         .collect();
