@@ -339,7 +339,8 @@ pub struct Judged {
 /// Judges one scenario's interleaved FUSED walls: B/A with its bootstrap interval
 /// ([`ratio_ci`]), the control (A's odd-numbered runs against its even-numbered ones, counting
 /// from 0: with the order alternating by pair, A where it ran second against A where it ran
-/// first, the ratio of their medians with its bootstrap interval) and the verdict
+/// first, the ratio of their medians with its bootstrap interval; [`ratio_ci`] pairs them by
+/// position, so an odd number of pairs leaves A's last run out) and the verdict
 /// ([`Verdict::of_scenario`]). `None` without a measured pair.
 pub fn judge(
     a_ms: &[f64],
