@@ -324,12 +324,12 @@ pub fn load_llama(model: &ModelFile, s: &EngineSettings) -> Result<opledger_llam
     } else {
         format!(" with {knobs}")
     };
-    let engine = LlamaEngine::load(cfg)
+    let mut engine = LlamaEngine::load(cfg)
         .with_context(|| format!("loading model '{}'{what}", model.path().display()))?;
     if let Some(r) = &s.rpc {
         // servers on this machine (and behind a relay on it) compute part of the measured
-        // graph: the noise gate counts their CPU time as this run's own
-        opledger_core::noise::count_as_own(&crate::rpc::local_server_pids(&r.servers));
+        // graph: the noise gate counts their CPU time as this run's own while the engine lives
+        engine.count_as_own(&crate::rpc::local_server_pids(&r.servers));
     }
     Ok(engine)
 }
@@ -394,11 +394,12 @@ fn open_worker(
         },
     };
     // the worker's errors name it
-    let engine = opledger_worker::WorkerEngine::load(cfg)
+    let mut engine = opledger_worker::WorkerEngine::load(cfg)
         .with_context(|| format!("loading model '{}'", model.path().display()))?;
     if let Some(r) = &s.rpc {
-        // servers on this machine compute part of the measured graph, as the worker does
-        opledger_core::noise::count_as_own(&crate::rpc::local_server_pids(&r.servers));
+        // servers on this machine compute part of the measured graph, as the worker does,
+        // while the engine lives
+        engine.count_as_own(&crate::rpc::local_server_pids(&r.servers));
     }
     Ok(Box::new(engine))
 }

@@ -1,6 +1,6 @@
 //! A/B attribution: two configurations of an engine run interleaved on the same work, a bootstrap
 //! confidence interval of the time ratio, a verdict with stated thresholds, a control that must
-//! not move (the baseline's own runs split in two halves), a correctness gate (the model still
+//! not move (the baseline's runs where it ran second against those where it ran first), a correctness gate (the model still
 //! returns the same thing) and a per-band ledger of where the difference lives.
 
 use std::collections::BTreeMap;
@@ -284,7 +284,8 @@ impl Verdict {
     }
 
     /// The noise a control shows, as bounds on B/A: the control's interval `[c_lo, c_hi]`
-    /// rescaled from the halves it compares (n/2 runs of A against n/2) to the n runs a side
+    /// rescaled from the runs it compares (A's n/2 runs of the even-numbered pairs against its
+    /// n/2 of the odd-numbered ones, [`judge`]) to the n runs a side
     /// B/A compares: the spread of a ratio of medians goes as sqrt(1/n_a + 1/n_b), so each
     /// bound's distance from 1 (as a log ratio) is divided by sqrt(2).
     pub fn noise_bounds(c_lo: f64, c_hi: f64) -> (f64, f64) {
@@ -299,7 +300,7 @@ impl Verdict {
     }
 
     /// The verdict of a scenario from B/A's interval `[lo, hi]` and the control's interval
-    /// `[c_lo, c_hi]` (A's two halves against each other). A control that moved (its whole
+    /// `[c_lo, c_hi]` (A's runs where it ran second against those where it ran first, [`judge`]). A control that moved (its whole
     /// interval beyond ±min_effect) makes the scenario inconclusive. A control that did not
     /// move may still be wide: it shows how far A strays from itself, so it sets the smallest
     /// effect a verdict may claim ([`Verdict::noise_bounds`]). Faster when B/A's whole
@@ -336,8 +337,10 @@ pub struct Judged {
 }
 
 /// Judges one scenario's interleaved FUSED walls: B/A with its bootstrap interval
-/// ([`ratio_ci`]), the control (A's even-numbered runs against its odd-numbered ones: with
-/// the order alternating by pair, A first against A second) and the verdict
+/// ([`ratio_ci`]), the control (A's odd-numbered runs against its even-numbered ones, counting
+/// from 0: with the order alternating by pair, A where it ran second against A where it ran
+/// first, the ratio of their medians with its bootstrap interval; [`ratio_ci`] pairs them by
+/// position, so an odd number of pairs leaves A's last run out) and the verdict
 /// ([`Verdict::of_scenario`]). `None` without a measured pair.
 pub fn judge(
     a_ms: &[f64],
@@ -554,7 +557,8 @@ pub struct ScenarioResult {
     pub ratio_lo: f64,
     pub ratio_hi: f64,
     pub verdict: Verdict,
-    /// A's even-numbered runs against its odd-numbered ones: must show no change.
+    /// A's odd-numbered runs against its even-numbered ones, counting from 0 (where it ran
+    /// second in a pair against where it ran first): must show no change.
     pub control_ratio: f64,
     pub control_lo: f64,
     pub control_hi: f64,

@@ -95,6 +95,23 @@ pub struct EngineInfo {
     pub settings: BTreeMap<String, String>,
 }
 
+/// One of ggml's devices as a manifest records it (`devices`, embedded engine and worker alike):
+/// `CUDA0 (NVIDIA H200, gpu, 139.8 GiB, 139.2 GiB free)`.
+pub fn device_line(
+    name: &str,
+    description: &str,
+    kind: &str,
+    memory_total: u64,
+    memory_free: u64,
+) -> String {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    format!(
+        "{name} ({description}, {kind}, {:.1} GiB, {:.1} GiB free)",
+        gib(memory_total),
+        gib(memory_free)
+    )
+}
+
 /// The result of running a chunk once.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChunkTiming {

@@ -110,43 +110,131 @@ pub struct Snapshot {
     pub processes: Vec<(u32, u64)>,
 }
 
-/// Processes whose CPU time is this process's own work: the RPC servers on this machine that
-/// compute part of the measured graph (`--rpc` to a loopback server). Their ticks count as this
-/// process's, not as another process disturbing it.
-static PARTNERS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+/// `/proc/<pid>/stat`: the process's start time (field 22, clock ticks after boot), which with
+/// the pid names one process: a later process given the same pid started later.
+pub fn parse_start_time(text: &str) -> Option<u64> {
+    let rest = &text[text.rfind(')')? + 1..];
+    // rest starts at field 3 (state): starttime is field 22 -> index 19
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
 
-/// Counts `pids` as part of this process's work from now on (see [`PARTNERS`]).
-pub fn count_as_own(pids: &[u32]) {
-    if let Ok(mut p) = PARTNERS.lock() {
-        p.extend_from_slice(pids);
-        p.sort_unstable();
-        p.dedup();
+fn start_time(pid: u32) -> Option<u64> {
+    parse_start_time(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// A process counted as this process's own work: its pid, its start time (so that a process
+/// given the same pid later is not), and the registration ([`OwnGuard`]) that counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Partner {
+    pid: u32,
+    start: u64,
+    registration: u64,
+}
+
+/// Processes whose CPU time is this process's own work: a llama.cpp worker measuring the graph,
+/// the RPC servers on this machine that compute part of it (`--rpc` to a loopback server).
+/// Their ticks count as this process's, not as another process disturbing it, while the
+/// [`OwnGuard`] that registered them lives and the process that was registered runs.
+static PARTNERS: std::sync::Mutex<Vec<Partner>> = std::sync::Mutex::new(Vec::new());
+static NEXT_REGISTRATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn partners() -> std::sync::MutexGuard<'static, Vec<Partner>> {
+    // the list stays consistent whatever panicked while holding it (each change is one call)
+    PARTNERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether the process `pid` that started at `start` is one of `partners`.
+fn is_partner(partners: &[Partner], pid: u32, start: u64) -> bool {
+    partners.iter().any(|p| p.pid == pid && p.start == start)
+}
+
+/// The registration of processes counted as this process's own work ([`count_as_own`]): they
+/// stop counting when it is dropped. Whoever uses the processes (the engine measuring through
+/// them) holds it.
+#[derive(Debug)]
+#[must_use = "the processes count as own only while the guard lives"]
+pub struct OwnGuard {
+    registration: u64,
+    pids: Vec<u32>,
+}
+
+impl OwnGuard {
+    /// The pids registered: those of `count_as_own`'s that were running.
+    pub fn pids(&self) -> &[u32] {
+        &self.pids
     }
 }
 
+impl Drop for OwnGuard {
+    fn drop(&mut self) {
+        partners().retain(|p| p.registration != self.registration);
+    }
+}
+
+/// Counts the running processes `pids` as part of this process's work until the returned guard
+/// is dropped or the process ends (see [`PARTNERS`]). Each is known by its pid and start time:
+/// a pid that is not running now is not registered, and one reused by a later process does not
+/// count.
+pub fn count_as_own(pids: &[u32]) -> OwnGuard {
+    let registration = NEXT_REGISTRATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let found: Vec<Partner> = pids
+        .iter()
+        .filter_map(|&pid| {
+            Some(Partner {
+                pid,
+                start: start_time(pid)?,
+                registration,
+            })
+        })
+        .collect();
+    let guard = OwnGuard {
+        registration,
+        pids: found.iter().map(|p| p.pid).collect(),
+    };
+    partners().extend(found);
+    guard
+}
+
+/// Whether the process running as `pid` now counts as this process's own work.
+pub fn is_counted_as_own(pid: u32) -> bool {
+    start_time(pid).is_some_and(|start| is_partner(&partners(), pid, start))
+}
+
 /// Reads a snapshot now; `None` where /proc is not there. Processes that vanish while being
-/// read are skipped.
+/// read are skipped. Registered processes ([`count_as_own`]) that ended are dropped from the
+/// registrations.
 pub fn read_snapshot() -> Option<Snapshot> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let (busy, total) = parse_proc_stat(&stat)?;
     let mut own = parse_self_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
     let me = std::process::id();
-    let partners = PARTNERS.lock().map(|p| p.clone()).unwrap_or_default();
+    let registered = partners().clone();
+    let mut seen = Vec::new();
     let mut processes = Vec::new();
     for (pid, dir) in crate::system::processes() {
         if pid == me {
             continue;
         }
-        if let Some(ticks) = std::fs::read_to_string(dir.join("stat"))
-            .ok()
-            .and_then(|t| parse_self_stat(&t))
-        {
-            if partners.binary_search(&pid).is_ok() {
+        let Ok(text) = std::fs::read_to_string(dir.join("stat")) else {
+            continue;
+        };
+        if let Some(ticks) = parse_self_stat(&text) {
+            let start = parse_start_time(&text);
+            if start.is_some_and(|s| is_partner(&registered, pid, s)) {
                 own += ticks;
+                seen.push((pid, start));
             } else {
                 processes.push((pid, ticks));
             }
         }
+    }
+    // a registered process not running any more (its pid gone or another process's) is done
+    let ended: Vec<Partner> = registered
+        .into_iter()
+        .filter(|p| !seen.contains(&(p.pid, Some(p.start))))
+        .collect();
+    if !ended.is_empty() {
+        partners().retain(|p| !ended.contains(p));
     }
     processes.sort_unstable();
     Some(Snapshot {
@@ -507,6 +595,54 @@ mod tests {
     fn self_stat_with_a_tricky_name() {
         let text = "1234 (my (odd) prog) R 1 2 3 4 5 6 7 8 9 10 250 30 0 0 20 0 3 0 100";
         assert_eq!(parse_self_stat(text), Some(280));
+        // the start time is field 22, counted after the name as the ticks are
+        assert_eq!(parse_start_time(text), Some(100));
+        assert_eq!(parse_start_time("1234 (short) R 1 2 3"), None);
+    }
+
+    #[test]
+    fn a_pid_reused_by_a_later_process_is_not_counted_as_own() {
+        let registered = [Partner {
+            pid: 4242,
+            start: 100,
+            registration: 1,
+        }];
+        assert!(is_partner(&registered, 4242, 100));
+        // the same pid, started later: another process
+        assert!(!is_partner(&registered, 4242, 101));
+        assert!(!is_partner(&registered, 4243, 100));
+    }
+
+    #[test]
+    fn own_processes_stop_counting_when_their_guard_drops_or_they_end() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let among_others = |s: &Snapshot| s.processes.iter().any(|&(p, _)| p == pid);
+        let guard = count_as_own(&[pid]);
+        assert_eq!(guard.pids(), &[pid]);
+        assert!(is_counted_as_own(pid));
+        assert!(!among_others(&read_snapshot().unwrap()));
+        drop(guard);
+        assert!(!is_counted_as_own(pid));
+        assert!(among_others(&read_snapshot().unwrap()));
+
+        // two registrations of one process: it counts until the last one goes
+        let first = count_as_own(&[pid]);
+        let second = count_as_own(&[pid]);
+        drop(first);
+        assert!(is_counted_as_own(pid));
+        // the process ends while its guard lives: the next snapshot drops its registration
+        child.kill().unwrap();
+        child.wait().unwrap();
+        read_snapshot().unwrap();
+        assert!(
+            !partners().iter().any(|p| p.pid == pid),
+            "an ended process is still registered"
+        );
+        drop(second);
     }
 
     #[test]

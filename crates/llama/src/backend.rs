@@ -72,6 +72,66 @@ impl Backend {
     }
 }
 
+impl Backend {
+    /// ggml's registered backends (`CPU`, `RPC`, `CUDA`, ...), as a worker's hello lists them.
+    pub fn backends(&self) -> Vec<String> {
+        // SAFETY: the registry is initialised (a Backend exists); each registration and its
+        // name live as long as the process.
+        unsafe {
+            (0..sys::ggml_backend_reg_count())
+                .filter_map(|i| {
+                    let reg = sys::ggml_backend_reg_get(i);
+                    (!reg.is_null()).then(|| text(sys::ggml_backend_reg_name(reg)))
+                })
+                .collect()
+        }
+    }
+
+    /// ggml's devices now, each as a manifest records it
+    /// ([`opledger_core::engine::device_line`]; the type named as a worker names it: `cpu`,
+    /// `gpu` or `other`).
+    pub fn devices(&self) -> Vec<String> {
+        // SAFETY: as above; a device's name and description are strings it owns, and the
+        // memory query writes two integers we own.
+        unsafe {
+            (0..sys::ggml_backend_dev_count())
+                .filter_map(|i| {
+                    let dev = sys::ggml_backend_dev_get(i);
+                    if dev.is_null() {
+                        return None;
+                    }
+                    let kind = match sys::ggml_backend_dev_type(dev) {
+                        sys::GGML_BACKEND_DEVICE_TYPE_CPU => "cpu",
+                        sys::GGML_BACKEND_DEVICE_TYPE_GPU => "gpu",
+                        _ => "other",
+                    };
+                    let (mut free, mut total) = (0usize, 0usize);
+                    sys::ggml_backend_dev_memory(dev, &mut free, &mut total);
+                    Some(opledger_core::engine::device_line(
+                        &text(sys::ggml_backend_dev_name(dev)),
+                        &text(sys::ggml_backend_dev_description(dev)),
+                        kind,
+                        total as u64,
+                        free as u64,
+                    ))
+                })
+                .collect()
+        }
+    }
+}
+
+/// A NUL-terminated string ggml owns, copied (empty for a null pointer).
+///
+/// # Safety
+/// `p` is null or points to a NUL-terminated string that lives through the call.
+unsafe fn text(p: *const c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
 /// The last lines llama.cpp logged at warning level or above.
 pub(crate) fn recent_log() -> Vec<String> {
     LOG.lock()

@@ -85,6 +85,9 @@ pub struct LlamaEngine {
     /// Split graphs: per position of the graph, the round trip to a remote node's device the
     /// last TIMED run measured right after it (0 elsewhere), µs.
     remote_iso_us: Vec<f64>,
+    /// The processes the noise gate counts as this run's own while the engine lives: the RPC
+    /// servers on this machine its graph is split over ([`LlamaEngine::count_as_own`]).
+    own: Vec<opledger_core::noise::OwnGuard>,
 }
 
 /// The two contexts of the prepared work, on one model and thread pool.
@@ -191,7 +194,14 @@ impl LlamaEngine {
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
             last_mode: None,
             remote_iso_us: Vec::new(),
+            own: Vec::new(),
         })
+    }
+
+    /// Counts `pids` (the RPC servers on this machine that compute part of the graph) as this
+    /// run's own work in the noise gate for as long as the engine lives.
+    pub fn count_as_own(&mut self, pids: &[u32]) {
+        self.own.push(opledger_core::noise::count_as_own(pids));
     }
 
     /// The loaded model.
@@ -713,6 +723,9 @@ impl Engine for LlamaEngine {
             settings.insert("rpc_split".into(), split.join(","));
         }
         settings.insert("system_info".into(), self.backend.system_info());
+        // what ggml registered and sees, as a worker's manifest records them
+        settings.insert("backends".into(), self.backend.backends().join(","));
+        settings.insert("devices".into(), self.backend.devices().join("; "));
         settings.insert("model_description".into(), self.model.description());
         if let Some(c) = &self.contexts {
             settings.insert("n_ctx".into(), c.observed.n_ctx().to_string());

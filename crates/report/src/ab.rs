@@ -37,7 +37,7 @@ pub fn ab_text(r: &AbReport) -> String {
     let _ = writeln!(
         out,
         "{:<22} {:>10} {:>10} {:>7} {:>17} {:<13} {:>28} output",
-        "scenario", "A ms", "B ms", "B/A", "95 % interval", "verdict", "control: A vs A (halves)",
+        "scenario", "A ms", "B ms", "B/A", "95 % interval", "verdict", "control: A 2nd vs A 1st",
     );
     let med = |v: &[f64]| opledger_core::stats::median(v).unwrap_or(0.0);
     for s in &r.scenarios {
@@ -312,7 +312,7 @@ pub fn ab_checks(r: &AbReport) -> Vec<Check> {
                 CheckStatus::Warn
             },
             detail: format!(
-                "A against itself (its two halves): {:.3} [{:.3}–{:.3}], {}: {}",
+                "A against itself (where it ran second in a pair against where it ran first): {:.3} [{:.3}–{:.3}], {}: {}",
                 s.control_ratio,
                 s.control_lo,
                 s.control_hi,

@@ -92,6 +92,10 @@ pub struct WorkerEngine {
     decode_graph: Option<Captured>,
     sweep: Option<PassOrder>,
     last_mode: Option<Mode>,
+    /// The processes the noise gate counts as this run's own while the engine lives: the
+    /// worker, and the RPC servers on this machine its graph is split over
+    /// ([`WorkerEngine::count_as_own`]).
+    own: Vec<opledger_core::noise::OwnGuard>,
 }
 
 fn ctx_name(mode: Mode) -> &'static str {
@@ -138,7 +142,7 @@ impl WorkerEngine {
         let mut proc = WorkerProcess::start(&cfg.worker, cfg.timeout, cfg.verbose, &cfg.env)?;
         // the worker computes the measured graph: the noise gate counts its CPU time as the
         // run's own, not another process's
-        opledger_core::noise::count_as_own(&[proc.pid()]);
+        let own = vec![opledger_core::noise::count_as_own(&[proc.pid()])];
         let mut load = json!({
             "model": cfg.model.to_string_lossy(),
             "threads": cfg.threads,
@@ -164,7 +168,14 @@ impl WorkerEngine {
             decode_graph: None,
             sweep: None,
             last_mode: None,
+            own,
         })
+    }
+
+    /// Counts `pids` (the RPC servers on this machine that compute part of the graph) as this
+    /// run's own work in the noise gate for as long as the engine lives.
+    pub fn count_as_own(&mut self, pids: &[u32]) {
+        self.own.push(opledger_core::noise::count_as_own(pids));
     }
 
     /// The worker's hello: its protocol and the llama.cpp build it was compiled against.
@@ -515,66 +526,91 @@ impl WorkerEngine {
 
     /// ggml's devices as the load left them (the hello's for a worker that lists none there).
     fn devices(&self) -> &[Device] {
-        if self.loaded.devices.is_empty() {
-            self.proc.hello().llama.devices.as_slice()
-        } else {
-            self.loaded.devices.as_slice()
-        }
+        devices_of(self.proc.hello(), &self.loaded)
+    }
+}
+
+/// ggml's devices as the load left them (the hello's for a worker that lists none there).
+fn devices_of<'a>(h: &'a Hello, loaded: &'a Loaded) -> &'a [Device] {
+    if loaded.devices.is_empty() {
+        h.llama.devices.as_slice()
+    } else {
+        loaded.devices.as_slice()
+    }
+}
+
+/// What a worker engine says of itself ([`Engine::info`]): the settings it loaded with
+/// (`cfg`), its hello's build, the devices its load left (`loaded`) and backend environment
+/// ([`recorded_settings`]), the binary's BLAKE3 (`worker_hash`) and the context size
+/// (`n_ctx`, once created). The backend is the first local GPU's when layers are offloaded to
+/// one, else the CPU.
+pub fn worker_info(
+    cfg: &WorkerConfig,
+    h: &Hello,
+    loaded: &Loaded,
+    worker_hash: &str,
+    n_ctx: Option<u32>,
+) -> EngineInfo {
+    let l = &h.llama;
+    let devices = devices_of(h, loaded);
+    let mut settings = BTreeMap::new();
+    settings.insert("flash_attn".into(), cfg.flash_attn.clone());
+    settings.insert("gpu_layers".into(), cfg.gpu_layers.to_string());
+    settings.insert("swa_full".into(), "false".into());
+    settings.insert("weight_repack".into(), (!cfg.no_repack).to_string());
+    if let Some(u) = cfg.ubatch {
+        settings.insert("ubatch".into(), u.to_string());
+    }
+    if let Some(t) = &cfg.type_k {
+        settings.insert("type_k".into(), t.clone());
+    }
+    if let Some(t) = &cfg.type_v {
+        settings.insert("type_v".into(), t.clone());
+    }
+    settings.insert("system_info".into(), l.system_info.clone());
+    settings.insert("model_description".into(), loaded.description.clone());
+    if let Some(n) = n_ctx {
+        settings.insert("n_ctx".into(), n.to_string());
+    }
+    settings.insert("worker".into(), cfg.worker.display().to_string());
+    settings.insert("worker_blake3".into(), worker_hash.to_string());
+    settings.insert("worker_protocol".into(), h.version.to_string());
+    settings.insert("llama_commit".into(), l.commit.clone());
+    settings.insert("llama_build".into(), l.build.clone());
+    settings.insert("ggml_commit".into(), l.ggml_commit.clone());
+    settings.insert("compiler".into(), l.compiler.clone());
+    settings.insert("build_options".into(), l.build_options.clone());
+    settings.extend(recorded_settings(h, devices));
+    if let Some(r) = &cfg.rpc {
+        settings.insert("rpc".into(), r.servers.join(","));
+        let split: Vec<String> = r.layers.iter().map(|l| l.to_string()).collect();
+        settings.insert("rpc_split".into(), split.join(","));
+    }
+    // the backend of the offloaded layers: the first GPU that is not a remote server's
+    let gpu = devices
+        .iter()
+        .find(|d| d.kind == "gpu" && !opledger_core::split::is_remote(&d.name));
+    EngineInfo {
+        engine: "llama.cpp".into(),
+        version: format!("worker: {}", h.build_label()),
+        backend: match gpu {
+            Some(d) if cfg.gpu_layers != 0 => d.name.clone(),
+            _ => "CPU".into(),
+        },
+        threads: cfg.threads,
+        settings,
     }
 }
 
 impl Engine for WorkerEngine {
     fn info(&self) -> EngineInfo {
-        let h = self.proc.hello();
-        let l = &h.llama;
-        let mut settings = BTreeMap::new();
-        settings.insert("flash_attn".into(), self.cfg.flash_attn.clone());
-        settings.insert("gpu_layers".into(), self.cfg.gpu_layers.to_string());
-        settings.insert("swa_full".into(), "false".into());
-        settings.insert("weight_repack".into(), (!self.cfg.no_repack).to_string());
-        if let Some(u) = self.cfg.ubatch {
-            settings.insert("ubatch".into(), u.to_string());
-        }
-        if let Some(t) = &self.cfg.type_k {
-            settings.insert("type_k".into(), t.clone());
-        }
-        if let Some(t) = &self.cfg.type_v {
-            settings.insert("type_v".into(), t.clone());
-        }
-        settings.insert("system_info".into(), l.system_info.clone());
-        settings.insert("model_description".into(), self.loaded.description.clone());
-        if let Some(n) = self.n_ctx {
-            settings.insert("n_ctx".into(), n.to_string());
-        }
-        settings.insert("worker".into(), self.cfg.worker.display().to_string());
-        settings.insert("worker_blake3".into(), self.worker_hash.clone());
-        settings.insert("worker_protocol".into(), h.version.to_string());
-        settings.insert("llama_commit".into(), l.commit.clone());
-        settings.insert("llama_build".into(), l.build.clone());
-        settings.insert("ggml_commit".into(), l.ggml_commit.clone());
-        settings.insert("compiler".into(), l.compiler.clone());
-        settings.insert("build_options".into(), l.build_options.clone());
-        settings.extend(recorded_settings(h, self.devices()));
-        if let Some(r) = &self.cfg.rpc {
-            settings.insert("rpc".into(), r.servers.join(","));
-            let split: Vec<String> = r.layers.iter().map(|l| l.to_string()).collect();
-            settings.insert("rpc_split".into(), split.join(","));
-        }
-        // the backend of the offloaded layers: the first GPU that is not a remote server's
-        let gpu = self
-            .devices()
-            .iter()
-            .find(|d| d.kind == "gpu" && !opledger_core::split::is_remote(&d.name));
-        EngineInfo {
-            engine: "llama.cpp".into(),
-            version: format!("worker: {}", h.build_label()),
-            backend: match gpu {
-                Some(d) if self.cfg.gpu_layers != 0 => d.name.clone(),
-                _ => "CPU".into(),
-            },
-            threads: self.cfg.threads,
-            settings,
-        }
+        worker_info(
+            &self.cfg,
+            self.proc.hello(),
+            &self.loaded,
+            &self.worker_hash,
+            self.n_ctx,
+        )
     }
 
     fn prepare(&mut self, work: &Work) -> Result<(), EngineError> {
@@ -891,8 +927,7 @@ impl GraphCapturer for WorkerEngine {
 /// What a manifest records of a worker's devices and backend settings, from its hello and the
 /// devices its load left (`devices`): every device with its description, kind and memory; the
 /// registered backends; the worker's `GGML_*` / `CUDA_*` / `LLAMA_*` environment; with a CUDA
-/// backend, whether CUDA graphs are on (ggml's `GGML_CUDA_DISABLE_GRAPHS` switches them off,
-/// set to anything; `GGML_CUDA_GRAPHS=OFF` compiles them out) and the NVIDIA driver of this
+/// backend, what is known of CUDA graphs ([`cuda_graphs`]) and the NVIDIA driver of this
 /// machine (`/proc/driver/nvidia/version`).
 pub fn recorded_settings(h: &Hello, devices: &[Device]) -> BTreeMap<String, String> {
     let l = &h.llama;
@@ -901,13 +936,12 @@ pub fn recorded_settings(h: &Hello, devices: &[Device]) -> BTreeMap<String, Stri
     let list: Vec<String> = devices
         .iter()
         .map(|d| {
-            format!(
-                "{} ({}, {}, {:.1} GiB, {:.1} GiB free)",
-                d.name,
-                d.description,
-                d.kind,
-                d.memory_total as f64 / (1u64 << 30) as f64,
-                d.memory_free as f64 / (1u64 << 30) as f64
+            opledger_core::engine::device_line(
+                &d.name,
+                &d.description,
+                &d.kind,
+                d.memory_total,
+                d.memory_free,
             )
         })
         .collect();
@@ -922,14 +956,7 @@ pub fn recorded_settings(h: &Hello, devices: &[Device]) -> BTreeMap<String, Stri
         },
     );
     if l.backends.iter().any(|b| b == "CUDA") {
-        let graphs = if l.env.contains_key("GGML_CUDA_DISABLE_GRAPHS") {
-            "off (GGML_CUDA_DISABLE_GRAPHS is set)"
-        } else if l.build_options.contains("GGML_CUDA_GRAPHS=OFF") {
-            "off (built with GGML_CUDA_GRAPHS=OFF)"
-        } else {
-            "on"
-        };
-        settings.insert("cuda_graphs".into(), graphs.into());
+        settings.insert("cuda_graphs".into(), cuda_graphs(l));
         let driver = std::fs::read_to_string("/proc/driver/nvidia/version")
             .ok()
             .and_then(|t| t.lines().next().map(|l| l.trim().to_string()))
@@ -937,6 +964,32 @@ pub fn recorded_settings(h: &Hello, devices: &[Device]) -> BTreeMap<String, Stri
         settings.insert("driver".into(), driver);
     }
     settings
+}
+
+/// What a manifest may say of CUDA graphs in a worker with a CUDA backend. Whether ggml ran a
+/// graph through CUDA graphs is reported by no llama.cpp or ggml API (ggml also turns them off
+/// by itself, per graph, for reasons it does not report), so a run says `unknown` with what was
+/// requested: `GGML_CUDA_DISABLE_GRAPHS` in the worker's environment (ggml reads its presence,
+/// whatever its value) asks for them off, its absence leaves ggml's default. Only a build
+/// configured with `GGML_CUDA_GRAPHS=OFF` has none to run: that is the build's fact, stated as
+/// such.
+pub fn cuda_graphs(l: &crate::protocol::LlamaBuild) -> String {
+    // CMake's false values, as the worker's CMakeLists writes the option (`NAME=VALUE`)
+    let built_without = l.build_options.split_whitespace().find(|o| {
+        o.strip_prefix("GGML_CUDA_GRAPHS=").is_some_and(|v| {
+            ["OFF", "0", "NO", "FALSE", "N"]
+                .iter()
+                .any(|f| v.eq_ignore_ascii_case(f))
+        })
+    });
+    if let Some(option) = built_without {
+        return format!("off (built with {option})");
+    }
+    let requested = match l.env.get("GGML_CUDA_DISABLE_GRAPHS") {
+        Some(v) => format!("GGML_CUDA_DISABLE_GRAPHS={v} was set"),
+        None => "GGML_CUDA_DISABLE_GRAPHS was not set".into(),
+    };
+    format!("unknown (not reported by the backend; {requested})")
 }
 
 /// A prefill chunk's hash from its rows' (as the embedded engine's): every token's row folded
@@ -971,7 +1024,7 @@ mod tests {
     }
 
     #[test]
-    fn the_manifest_says_whether_cuda_graphs_ran_and_what_the_worker_saw() {
+    fn the_manifest_says_what_was_asked_of_cuda_graphs_not_that_they_ran() {
         let gpu = Device {
             name: "CUDA0".into(),
             description: "NVIDIA H200".into(),
@@ -983,7 +1036,11 @@ mod tests {
             &hello(&["CUDA", "CPU"], "GGML_CUDA=ON GGML_CUDA_GRAPHS=ON", &[]),
             std::slice::from_ref(&gpu),
         );
-        assert_eq!(on["cuda_graphs"], "on");
+        // nothing reports whether CUDA graphs ran: unknown, with what was asked
+        assert_eq!(
+            on["cuda_graphs"],
+            "unknown (not reported by the backend; GGML_CUDA_DISABLE_GRAPHS was not set)"
+        );
         assert_eq!(on["worker_env"], "none");
         assert_eq!(
             on["devices"],
@@ -999,7 +1056,10 @@ mod tests {
             ),
             &[gpu],
         );
-        assert_eq!(off["cuda_graphs"], "off (GGML_CUDA_DISABLE_GRAPHS is set)");
+        assert_eq!(
+            off["cuda_graphs"],
+            "unknown (not reported by the backend; GGML_CUDA_DISABLE_GRAPHS=0 was set)"
+        );
         assert_eq!(off["worker_env"], "GGML_CUDA_DISABLE_GRAPHS=0");
         let built_without = recorded_settings(
             &hello(&["CUDA", "CPU"], "GGML_CUDA=ON GGML_CUDA_GRAPHS=OFF", &[]),
@@ -1008,6 +1068,29 @@ mod tests {
         assert_eq!(
             built_without["cuda_graphs"],
             "off (built with GGML_CUDA_GRAPHS=OFF)"
+        );
+        // a build without them says so whatever the environment asks; one with them, asked
+        // for them off, still says only what was asked
+        let both = recorded_settings(
+            &hello(
+                &["CUDA", "CPU"],
+                "GGML_CUDA=ON GGML_CUDA_GRAPHS=0",
+                &[("GGML_CUDA_DISABLE_GRAPHS", "1")],
+            ),
+            &[],
+        );
+        assert_eq!(both["cuda_graphs"], "off (built with GGML_CUDA_GRAPHS=0)");
+        let asked_off = recorded_settings(
+            &hello(
+                &["CUDA", "CPU"],
+                "GGML_CUDA=ON GGML_CUDA_GRAPHS_EXTRA=OFF",
+                &[("GGML_CUDA_DISABLE_GRAPHS", "1")],
+            ),
+            &[],
+        );
+        assert_eq!(
+            asked_off["cuda_graphs"],
+            "unknown (not reported by the backend; GGML_CUDA_DISABLE_GRAPHS=1 was set)"
         );
         // no CUDA backend: nothing said of CUDA graphs or an NVIDIA driver
         let cpu = recorded_settings(&hello(&["CPU", "RPC"], "", &[]), &[]);

@@ -111,8 +111,8 @@ pub struct AbArgs {
     pub b: String,
     #[command(flatten)]
     pub work: WorkArgs,
-    /// Interleaved A/B pairs per scenario (at least 4: the control splits A's runs in two
-    /// halves of two or more).
+    /// Interleaved A/B pairs per scenario (at least 4: the control compares A's runs of the
+    /// odd-numbered pairs with those of the even-numbered ones, two or more each).
     #[arg(short = 'r', long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(4..))]
     pub pairs: u32,
     /// The run folder (default: runs/<time>-ab-<model>).
@@ -172,11 +172,18 @@ pub fn run_ab(args: AbArgs) -> Result<ExitCode> {
     let out = opledger_app::manifest::run_path(args.output.as_deref(), "ab", file.path());
     let folder = RunFolder::create(&out)?;
     let settings = args.model.settings();
-    let report = {
+    let (report, sides) = {
         let mut ui = Term::new(args.quiet || args.json);
         opledger_app::ab::ab_with_ablations(&file, &bands, &settings, &a, &b, &cfg, &mut ui)?
     };
-    let m = opledger_app::ab::manifest("ab", &file, &bands, &settings, &[("a", &a), ("b", &b)])?;
+    // each side as the engine that measured it said
+    let m = opledger_app::ab::manifest(
+        "ab",
+        &file,
+        &bands,
+        &settings,
+        &[("a", &sides.a), ("b", &sides.b)],
+    )?;
     opledger_app::runs::write_ab(&folder, &m, &report)?;
     let dir = folder.finish()?;
     if args.json {
@@ -208,7 +215,7 @@ pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
     let out = opledger_app::manifest::run_path(args.output.as_deref(), "discover", file.path());
     let folder = RunFolder::create(&out)?;
     let settings = args.model.settings();
-    let report = {
+    let (report, sides) = {
         let mut ui = Term::new(args.quiet || args.json);
         opledger_app::ab::discover(
             &file,
@@ -220,7 +227,9 @@ pub fn run_discover(args: DiscoverArgs) -> Result<ExitCode> {
             &mut ui,
         )?
     };
-    let m = opledger_app::ab::manifest("discover", &file, &bands, &settings, &[])?;
+    let sides: Vec<(&str, &opledger_core::engine::EngineInfo)> =
+        sides.iter().map(|(side, info)| (*side, info)).collect();
+    let m = opledger_app::ab::manifest("discover", &file, &bands, &settings, &sides)?;
     opledger_app::runs::write_discover(&folder, &m, &report)?;
     let dir = folder.finish()?;
     if args.json {

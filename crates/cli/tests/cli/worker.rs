@@ -545,6 +545,10 @@ fn an_env_knob_reaches_its_side_s_worker_and_the_manifest_says_so() {
     let w = worker();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
+    // each worker process started logs the requests it is asked under its pid, which its
+    // hello reports in its environment: the manifest's side is the process that measured
+    let logs = dir.path().join("requests");
+    let w = logging_worker(&logs, &w);
     let a = format!("worker={}", w.display());
     let b = format!("worker={},env:GGML_OPLEDGER_SIDE=b", w.display());
     let out = dir.path().join("ab");
@@ -576,6 +580,28 @@ fn an_env_knob_reaches_its_side_s_worker_and_the_manifest_says_so() {
     assert!(!env_of("a").contains("GGML_OPLEDGER_SIDE"), "{settings}");
     // no CUDA backend in this worker: no CUDA graphs setting to record
     assert!(settings.get("a.cuda_graphs").is_none(), "{settings}");
+    // each side's settings are those of the worker process that measured it: the process its
+    // environment names loaded the model and decoded, and the sides' processes differ
+    let pid_of = |side: &str| -> String {
+        let env = env_of(side);
+        env.split(' ')
+            .find_map(|kv| kv.strip_prefix("GGML_OPLEDGER_PID="))
+            .unwrap_or_else(|| panic!("{side}.worker_env names no pid: {env}"))
+            .to_string()
+    };
+    let (pid_a, pid_b) = (pid_of("a"), pid_of("b"));
+    assert_ne!(pid_a, pid_b, "{settings}");
+    for (side, pid) in [("a", &pid_a), ("b", &pid_b)] {
+        let asked = std::fs::read_to_string(logs.join(format!("requests.{pid}")))
+            .unwrap_or_else(|e| panic!("{side}: no requests logged by worker {pid}: {e}"));
+        for op in ["load", "decode"] {
+            assert!(
+                asked.contains(&format!("\"op\":\"{op}\"")),
+                "{side}.worker_env is from worker process {pid}, which was not asked to {op} \
+                 (the manifest was not written from the worker that measured): {asked}"
+            );
+        }
+    }
 
     let o = Command::new(bin())
         .args(QUICK_AB)
@@ -594,4 +620,25 @@ fn an_env_knob_reaches_its_side_s_worker_and_the_manifest_says_so() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("env:GGML_OPLEDGER_SIDE"), "{err}");
+}
+
+/// `worker` behind a shell that logs what each started process is asked: the shell (the
+/// process opledger starts) sets `GGML_OPLEDGER_PID` to its own pid, which the worker's hello
+/// reports among its `GGML_*` environment, and copies every request line it passes on to
+/// `logs/requests.<pid>`.
+fn logging_worker(logs: &Path, worker: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(logs).unwrap();
+    let path = logs.join("logging-worker");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\nexport GGML_OPLEDGER_PID=$$\ntee '{}/requests.'$$ | '{}' \"$@\"\n",
+            logs.display(),
+            worker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
 }

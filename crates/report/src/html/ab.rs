@@ -158,7 +158,7 @@ fn scenarios_section(body: &mut String, r: &AbReport) {
             "B/A",
             "95 % interval",
             "verdict",
-            "control: A vs A (halves)",
+            "control: A 2nd vs A 1st",
             "output",
         ],
         &[false, true, true, true, true, false, false, false],
