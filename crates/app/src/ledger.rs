@@ -267,7 +267,7 @@ fn timed_share(raw: &ProfileRaw, listed: &[String]) -> f64 {
 /// One side of a `compare`: a stored profile run, and what one of its records covers.
 fn side_of_run(dir: &Path) -> Result<(Side, String)> {
     let (m, raw) = match read(dir)? {
-        StoredRun::Profile { manifest, raw } => (manifest, raw),
+        StoredRun::Profile { manifest, raw, .. } => (manifest, raw),
         other => bail!(
             "{}: a '{}' run; compare takes profile runs",
             dir.display(),
