@@ -86,13 +86,13 @@ pub(crate) fn mark(status: CheckStatus) -> &'static str {
 
 pub(crate) fn heading(m: &Manifest, s: &ProfileSummary) -> (String, String) {
     let title = format!(
-        "{} · {} · {} {} · {} · {} threads",
+        "{} · {} · {} {} · {} · {}",
         m.model_label(),
         m.model.arch.arch,
         m.engine.engine,
         m.engine.version,
         m.engine.backend,
-        m.engine.threads
+        crate::view::threads_label(m)
     );
     let work = if s.decode_tokens > 0 {
         format!(

@@ -108,6 +108,16 @@ pub fn model_not_recorded(m: &Manifest) -> String {
     }
 }
 
+/// `2 threads`; `threads not recorded` for an import whose records carry no thread count (node
+/// records: the engine's threads are its own business), never `0 threads`.
+pub fn threads_label(m: &Manifest) -> String {
+    if m.engine.threads == 0 && m.command == IMPORTED {
+        format!("threads {NOT_RECORDED}")
+    } else {
+        format!("{} threads", m.engine.threads)
+    }
+}
+
 /// The run recorded its model file (a hash of it): every measuring command does, an import
 /// only with `--model`.
 pub fn model_recorded(m: &Manifest) -> bool {

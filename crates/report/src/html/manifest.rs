@@ -71,7 +71,14 @@ fn engine_rows(m: &Manifest) -> Vec<(&'static str, String)> {
         ("engine", m.engine.engine.clone()),
         ("version", m.engine.version.clone()),
         ("backend", m.engine.backend.clone()),
-        ("threads", m.engine.threads.to_string()),
+        (
+            "threads",
+            if m.engine.threads == 0 && m.command == crate::view::IMPORTED {
+                crate::view::NOT_RECORDED.to_string()
+            } else {
+                m.engine.threads.to_string()
+            },
+        ),
         ("settings", settings.join(", ")),
     ]
 }
