@@ -494,3 +494,77 @@ fn an_import_without_its_model_says_not_recorded_instead_of_zeros() {
         "{run_row}"
     );
 }
+
+/// A Kineto-shaped trace of `steps` steps, each 100 µs on the host: the step's own 50 µs, an MLP
+/// module of 50 µs holding `aten::mm` (28 µs, its launch 4 µs) whose GEMM runs `kernel_us` on
+/// the device (linked by its correlation). Host per step: other 50, dense_ffn 50 µs; device:
+/// dense_ffn `kernel_us`.
+fn mlp_steps(steps: u32, kernel_us: u32) -> String {
+    let mut cpu = Vec::new();
+    let mut gpu = Vec::new();
+    for i in 0..steps {
+        let t = 1000 * i;
+        let c = 100 + i;
+        cpu.push(format!(
+            r#"{{"ph":"X","cat":"user_annotation","name":"ProfilerStep#{i}","pid":100,"tid":100,"ts":{t},"dur":100,"args":{{}}}}"#
+        ));
+        cpu.push(format!(
+            r#"{{"ph":"X","cat":"python_function","name":"nn.Module: LlamaMLP_0","pid":100,"tid":100,"ts":{},"dur":50,"args":{{}}}}"#,
+            t + 10
+        ));
+        cpu.push(format!(
+            r#"{{"ph":"X","cat":"cpu_op","name":"aten::mm","pid":100,"tid":100,"ts":{},"dur":28,"args":{{}}}}"#,
+            t + 12
+        ));
+        cpu.push(format!(
+            r#"{{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":100,"tid":100,"ts":{},"dur":4,"args":{{"correlation":{c}}}}}"#,
+            t + 14
+        ));
+        gpu.push(format!(
+            r#"{{"ph":"X","cat":"kernel","name":"gemm","pid":0,"tid":7,"ts":{},"dur":{kernel_us},"args":{{"correlation":{c},"stream":7}}}}"#,
+            t + 20
+        ));
+    }
+    cpu.extend(gpu);
+    format!(r#"{{"traceEvents":[{}]}}"#, cpu.join(",\n"))
+}
+
+#[test]
+fn compare_fail_above_gates_the_device_clock_on_each_steps_device_time() {
+    let _machine = crate::machine::shared();
+    let dir = tempfile::tempdir().unwrap();
+    // six steps each: A's GEMM 50 µs, B's 30 µs; the host spans are the same
+    let (a, code) = import(dir.path(), "a", &mlp_steps(6, 50), &[]);
+    assert_eq!(code, Some(0));
+    let (b, _) = import(dir.path(), "b", &mlp_steps(6, 30), &[]);
+    // device: dense_ffn 0.0500 against 0.0300 ms/token in every step, 66.7 % slower, its six
+    // steps all above B's six (one ordering in C(12, 6) = 924: p 0.0011, below 0.05 / 2 bands):
+    // the gate fails it, exit 6
+    let out = opledger()
+        .arg("compare")
+        .arg(&a)
+        .arg(&b)
+        .args(["--fail-above", "5"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(6), "{text}");
+    let row = words(
+        text.lines()
+            .find(|l| l.trim_start().starts_with("dense_ffn"))
+            .unwrap(),
+    );
+    assert!(
+        row.starts_with("dense_ffn 0.0500 0.0300 +0.0200 b"),
+        "{row}"
+    );
+    assert!(text.contains("+66.7 %"), "{text}");
+    // host: the same spans on both (other 0.0500, dense_ffn 0.0500 a token): nothing regressed
+    opledger()
+        .arg("compare")
+        .arg(&a)
+        .arg(&b)
+        .args(["--fail-above", "5", "--clock", "host"])
+        .assert()
+        .code(0);
+}
