@@ -87,52 +87,7 @@ pub struct ImportStats {
     pub device: Option<DeviceStats>,
 }
 
-/// A trace's device activity beside its host spans. Every figure per step is the median and
-/// range over the kept steps.
-#[derive(Debug, Clone, Serialize)]
-pub struct DeviceStats {
-    /// Device activities (kernels, copies, sets) launched inside the kept steps.
-    pub activities: u64,
-    pub devices: usize,
-    pub streams: usize,
-    /// Per band, host and device time per token, separately: host = the self time of the
-    /// band's spans on the CPU threads as read (not scaled to the wall); device = the time of
-    /// the activity the band's spans launched (a kernel takes the band of its launch, read
-    /// with the launch's enclosing modules, annotations and ops).
-    pub bands: Vec<DeviceBand>,
-    /// The step span's wall on the host.
-    pub step_wall_ms: Spread,
-    /// From the step span's start to the later of its end and its last activity's end.
-    pub step_wall_with_device_ms: Spread,
-    /// The devices' busy time: the union over each device's streams of the step's activity.
-    pub busy_ms: Spread,
-    /// The sum of the step's activity time (streams running at once each count).
-    pub activity_ms: Spread,
-    /// Activity time over busy time (1: one stream at a time); steps without activity left
-    /// out.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stream_concurrency: Option<Spread>,
-    /// Activity whose launch lies outside every step: counted, with its device time, not in
-    /// any band.
-    pub outside_steps: u64,
-    pub outside_steps_ms: f64,
-    /// Activity whose launch was never found: counted, with its device time.
-    pub unlinked: u64,
-    pub unlinked_ms: f64,
-    /// Launches let go to bound memory before their activity was read.
-    pub links_dropped: u64,
-    /// Activity no rule matched (with its launch's context): (name, launched by, device ms per
-    /// step).
-    pub unassigned: Vec<(String, String, f64)>,
-}
-
-/// One band's host and device time per token.
-#[derive(Debug, Clone, Serialize)]
-pub struct DeviceBand {
-    pub band: String,
-    pub host_ms_per_token: Spread,
-    pub device_ms_per_token: Spread,
-}
+pub use opledger_core::device::{DeviceBand, DeviceStats};
 
 fn spread_of(values: &[f64]) -> Spread {
     match opledger_core::stats::Sample::new(values) {
@@ -199,6 +154,7 @@ pub fn device_stats(trace: &TraceSummary, rules: &ImportRules, tokens: u32) -> O
             band: b.clone(),
             host_ms_per_token: spread_of(&host[g]),
             device_ms_per_token: spread_of(&device[g]),
+            device_ms_per_token_steps: device[g].clone(),
         })
         .collect();
     let ms = |f: &dyn Fn(&opledger_core::trace::StepAgg) -> f64| -> Spread {

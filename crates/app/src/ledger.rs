@@ -7,6 +7,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use opledger_core::band::Categoriser;
+use opledger_core::device::{Clock, DeviceStats};
 use opledger_core::engine::{EngineError, EngineInfo, Work};
 use opledger_core::ledger::{band_work, compare, gate, LedgerReport, Side};
 use opledger_core::manifest::Manifest;
@@ -264,10 +265,15 @@ fn timed_share(raw: &ProfileRaw, listed: &[String]) -> f64 {
     }
 }
 
-/// One side of a `compare`: a stored profile run, and what one of its records covers.
-fn side_of_run(dir: &Path) -> Result<(Side, String)> {
-    let (m, raw) = match read(dir)? {
-        StoredRun::Profile { manifest, raw } => (manifest, raw),
+/// One side of a `compare`: a stored profile run, what one of its records covers, and its
+/// device ledger where it is an import with device activity.
+fn side_of_run(dir: &Path) -> Result<(Side, String, Option<DeviceStats>)> {
+    let (m, raw, device) = match read(dir)? {
+        StoredRun::Profile {
+            manifest,
+            raw,
+            device,
+        } => (manifest, raw, device),
         other => bail!(
             "{}: a '{}' run; compare takes profile runs",
             dir.display(),
@@ -311,34 +317,111 @@ fn side_of_run(dir: &Path) -> Result<(Side, String)> {
                 m.engine.engine
             )
         });
-    Ok((side, granularity))
+    Ok((side, granularity, device))
+}
+
+/// The side on the device's clock: each band's time is the device time of the activity its
+/// spans launched (median, range and per-step values over the steps), its coverage the share
+/// of that time some rule matched. The host's wall, tokens and work stay.
+fn on_device(mut side: Side, d: &DeviceStats) -> Side {
+    let bands = d
+        .bands_with_time()
+        .filter(|b| b.device_ms_per_token.median.is_finite());
+    side.ms_per_token = bands
+        .clone()
+        .map(|b| (b.band.clone(), b.device_ms_per_token.median))
+        .collect();
+    side.ms_per_token_range = bands
+        .clone()
+        .map(|b| {
+            (
+                b.band.clone(),
+                (b.device_ms_per_token.min, b.device_ms_per_token.max),
+            )
+        })
+        .collect();
+    // per-step values where stored (runs imported before them kept only the spread)
+    side.ms_per_token_cycles = bands
+        .clone()
+        .filter(|b| !b.device_ms_per_token_steps.is_empty())
+        .map(|b| (b.band.clone(), b.device_ms_per_token_steps.clone()))
+        .collect();
+    let total = d.device_total_ms_per_token();
+    let unassigned = side.ms_per_token.get("unassigned").copied().unwrap_or(0.0);
+    side.coverage = if total > 0.0 {
+        1.0 - unassigned / total
+    } else {
+        f64::NAN
+    };
+    side.replay_ms_per_token.clear();
+    side
 }
 
 /// Two stored profile runs side by side; `force` compares runs that did not do the same work;
 /// `fail_above` (a fraction) runs the regression gate with A as the new run, B the baseline.
+/// `clock`: the bands' times on the host's clock or the device's (imports with device
+/// activity); `None`: the device's where both runs have device time, else the host's.
 pub fn compare_runs(
     a: &Path,
     b: &Path,
     force: bool,
     fail_above: Option<f64>,
+    clock: Option<Clock>,
 ) -> Result<LedgerReport> {
-    let (a, a_granularity) = side_of_run(a)?;
-    let (b, b_granularity) = side_of_run(b)?;
+    let (a_side, a_granularity, a_device) = side_of_run(a)?;
+    let (b_side, b_granularity, b_device) = side_of_run(b)?;
+    let any_device = a_device.is_some() || b_device.is_some();
+    let clock = match clock {
+        Some(c) => c,
+        None if a_device.is_some() && b_device.is_some() => Clock::Device,
+        None => Clock::Host,
+    };
+    let mut notes = Vec::new();
+    let (a_side, b_side) = if clock == Clock::Device {
+        let missing: Vec<String> = [(a, &a_device), (b, &b_device)]
+            .iter()
+            .filter(|(_, d)| d.is_none())
+            .map(|(p, _)| p.display().to_string())
+            .collect();
+        if !missing.is_empty() {
+            bail!(
+                "--clock device: {} holds no device time (a measured profile, or an import of a trace without device activity); compare on the host's clock with --clock host",
+                missing.join(" and ")
+            );
+        }
+        let (ad, bd) = (a_device.as_ref().unwrap(), b_device.as_ref().unwrap());
+        for (name, d) in [("A", ad), ("B", bd)] {
+            notes.push(format!(
+                "device {name}: {} activities on {} device(s), {} stream(s); busy {:.4} ms a step against {:.4} ms of activity; {} launched outside every step ({:.4} ms, in no band)",
+                d.activities,
+                d.devices,
+                d.streams,
+                d.busy_ms.median,
+                d.activity_ms.median,
+                d.outside_steps,
+                d.outside_steps_ms
+            ));
+        }
+        (on_device(a_side, ad), on_device(b_side, bd))
+    } else {
+        (a_side, b_side)
+    };
     // stored runs carry no peaks (and may come from another machine): no roofline verdict
-    let ledger = compare(a, b, force, None)?;
+    let mut ledger = compare(a_side, b_side, force, None)?;
+    ledger.clock = any_device.then_some(clock);
+    notes.extend([
+        format!("granularity A: {a_granularity}"),
+        format!("granularity B: {b_granularity}"),
+        "bytes count every expert of an expert matmul (routing not stored): an upper bound".into(),
+        "no peaks are measured for stored runs: what limits a band is not judged (`opledger ledger` measures them)"
+            .into(),
+    ]);
     Ok(LedgerReport {
         gate: fail_above.map(|t| gate(&ledger, t)).transpose()?,
         ledger,
         replay_a: None,
         replay_b: None,
         peaks: None,
-        notes: vec![
-            format!("granularity A: {a_granularity}"),
-            format!("granularity B: {b_granularity}"),
-            "bytes count every expert of an expert matmul (routing not stored): an upper bound"
-                .into(),
-            "no peaks are measured for stored runs: what limits a band is not judged (`opledger ledger` measures them)"
-                .into(),
-        ],
+        notes,
     })
 }

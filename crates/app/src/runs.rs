@@ -7,6 +7,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use opledger_core::ab::{AbReport, DiscoverReport, AB_SCHEMA_VERSION, DISCOVER_SCHEMA_VERSION};
+use opledger_core::device::DeviceStats;
 use opledger_core::ledger::LedgerReport;
 use opledger_core::manifest::Manifest;
 use opledger_core::node::NodeInfo;
@@ -27,6 +28,9 @@ pub enum StoredRun {
     Profile {
         manifest: Manifest,
         raw: ProfileRaw,
+        /// An imported trace's device ledger (`import.json`'s `device`), where it had device
+        /// activity.
+        device: Option<DeviceStats>,
     },
     /// `profile -n N --parallel 1,4,...`: one profile per sequence count, in `p<P>/`.
     ProfileSet {
@@ -111,6 +115,11 @@ pub fn read(dir: &Path) -> Result<StoredRun> {
         // an imported trace is stored as a profile (crate::import)
         "profile" | crate::import::IMPORT_COMMAND => StoredRun::Profile {
             raw: ProfileRaw::read(&dir.join("raw.json"))?,
+            device: if manifest.command == crate::import::IMPORT_COMMAND {
+                read_device(&dir.join("import.json"))?
+            } else {
+                None
+            },
             manifest,
         },
         "sweep" => read_sweep(&dir, manifest)?,
@@ -151,6 +160,21 @@ pub fn read(dir: &Path) -> Result<StoredRun> {
             dir.display()
         ),
     })
+}
+
+/// The device ledger of an imported run, from its `import.json` (`None`: a trace without
+/// device activity, or node records); a malformed one is refused naming the file.
+fn read_device(path: &Path) -> Result<Option<DeviceStats>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let stats: serde_json::Value = read_json(path)?;
+    match stats.get("device") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(d) => serde_json::from_value(d.clone())
+            .map(Some)
+            .with_context(|| format!("{}: its device figures ('device')", path.display())),
+    }
 }
 
 /// A sweep's folder (complete or not: a sweep renders its own folder before finishing it).
@@ -204,9 +228,15 @@ fn read_profile_set(dir: &Path) -> Result<StoredRun> {
 /// The view of a stored run that the renderers take: the same view its command rendered.
 pub fn view(run: &StoredRun) -> Result<RunView<'_>> {
     Ok(match run {
-        StoredRun::Profile { manifest, raw } => {
-            RunView::Profile(ProfileView::new(manifest, raw).context("summarising the profile")?)
-        }
+        StoredRun::Profile {
+            manifest,
+            raw,
+            device,
+        } => RunView::Profile(
+            ProfileView::new(manifest, raw)
+                .context("summarising the profile")?
+                .with_device(device.clone()),
+        ),
         StoredRun::ProfileSet { members } => RunView::Parallel(ParallelView {
             members: members
                 .iter()
@@ -297,13 +327,14 @@ pub fn write_profile(
     prefix: &str,
     manifest: &Manifest,
     raw: &ProfileRaw,
+    device: Option<&DeviceStats>,
 ) -> Result<ProfileSummary> {
     folder.write_json(&format!("{prefix}manifest.json"), manifest)?;
     // the raw data (tens of MB for an imported trace of thousands of steps) is written while
     // the summary is computed from it
     let (written, view) = std::thread::scope(|s| {
         let written = s.spawn(|| folder.write_json_compact(&format!("{prefix}raw.json"), raw));
-        let view = ProfileView::new(manifest, raw);
+        let view = ProfileView::new(manifest, raw).map(|v| v.with_device(device.cloned()));
         (written.join(), view)
     });
     written.unwrap_or_else(|p| std::panic::resume_unwind(p))?;
@@ -324,11 +355,17 @@ pub fn write_profile(
 /// Writes the profiles of a `profile` command: one, or a set side by side.
 pub fn write_profiles(folder: &RunFolder, profiles: &[crate::profile::Profiled]) -> Result<()> {
     if let [one] = profiles {
-        write_profile(folder, "", &one.manifest, &one.raw)?;
+        write_profile(folder, "", &one.manifest, &one.raw, None)?;
         return Ok(());
     }
     for p in profiles {
-        write_profile(folder, &format!("p{}/", p.parallel), &p.manifest, &p.raw)?;
+        write_profile(
+            folder,
+            &format!("p{}/", p.parallel),
+            &p.manifest,
+            &p.raw,
+            None,
+        )?;
     }
     let members = profiles
         .iter()
@@ -440,5 +477,11 @@ pub fn write_import(
         folder.write("import-rules.toml", text.as_bytes())?;
     }
     folder.write_json("import.json", &imported.stats)?;
-    write_profile(folder, "", &imported.manifest, &imported.raw)
+    write_profile(
+        folder,
+        "",
+        &imported.manifest,
+        &imported.raw,
+        imported.stats.device.as_ref(),
+    )
 }

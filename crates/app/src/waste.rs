@@ -21,7 +21,7 @@ pub fn from_stored(
     ui: &mut dyn Ui,
 ) -> Result<(Manifest, ProfileRaw)> {
     let (mut m, raw) = match read(dir)? {
-        StoredRun::Profile { manifest, raw } | StoredRun::Waste { manifest, raw, .. } => {
+        StoredRun::Profile { manifest, raw, .. } | StoredRun::Waste { manifest, raw, .. } => {
             (manifest, raw)
         }
         other => bail!(

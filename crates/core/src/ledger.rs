@@ -477,6 +477,10 @@ pub struct Ledger {
     /// How they differ (chunk, depth, decode tokens, architecture, model), where forced.
     #[serde(default)]
     pub differences: Vec<String>,
+    /// The clock the bands' times are read on, where a side had device time to choose
+    /// (`compare --clock`); absent: the host's, the only one either side had.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<crate::device::Clock>,
 }
 
 impl Ledger {
@@ -829,6 +833,7 @@ pub fn compare(
         a,
         b,
         rows,
+        clock: None,
     })
 }
 

@@ -7,6 +7,7 @@ pub mod ab;
 pub mod arch;
 pub mod band;
 pub mod census;
+pub mod device;
 pub mod engine;
 pub mod import_rules;
 pub mod isolation;

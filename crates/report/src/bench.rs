@@ -15,8 +15,11 @@ use crate::view::RunView;
 pub struct BenchRow {
     /// The model file's name.
     pub model: String,
-    pub size_bytes: u64,
-    /// Parameters of the weights the graph reads (`None` where the run stores no graph).
+    /// The model file's size (`None` where no model file was recorded: an import without
+    /// `--model`).
+    pub size_bytes: Option<u64>,
+    /// Parameters of the weights the graph reads (`None` where the run stores no graph, or a
+    /// graph of spans that carry no weights: an imported trace).
     pub params: Option<u64>,
     pub backend: String,
     pub threads: u32,
@@ -70,7 +73,7 @@ pub fn graph_params(graph: &[NodeInfo]) -> u64 {
 
 struct Common {
     model: String,
-    size_bytes: u64,
+    size_bytes: Option<u64>,
     backend: String,
     threads: u32,
 }
@@ -78,7 +81,7 @@ struct Common {
 fn common(m: &Manifest) -> Common {
     Common {
         model: m.model_label().to_string(),
-        size_bytes: m.model.size_bytes,
+        size_bytes: crate::view::model_recorded(m).then_some(m.model.size_bytes),
         backend: m.engine.backend.clone(),
         threads: m.engine.threads,
     }
@@ -114,7 +117,9 @@ pub fn rows(view: &RunView) -> Vec<BenchRow> {
             let w = &v.raw.config.work;
             vec![row(
                 String::new(),
-                Some(graph_params(&v.raw.graph)),
+                // the spans of an imported trace carry no weights: unknown, not 0
+                Some(graph_params(&v.raw.graph))
+                    .filter(|&p| p > 0 || v.manifest.command != crate::view::IMPORTED),
                 test_name(w.chunk_tokens, w.depth_tokens, w.decode_tokens, w.parallel),
                 s.tokens,
                 s.depth_tokens,
@@ -294,7 +299,9 @@ pub fn bench_markdown(rows: &[BenchRow]) -> String {
         .map(|r| {
             let mut v = vec![
                 r.model.clone(),
-                size_label(r.size_bytes),
+                r.size_bytes
+                    .map(size_label)
+                    .unwrap_or_else(|| crate::view::NOT_RECORDED.into()),
                 params_label(r.params),
                 r.backend.clone(),
                 r.threads.to_string(),
@@ -342,7 +349,7 @@ pub fn bench_csv(rows: &[BenchRow]) -> Result<String, csv::Error> {
     for r in rows {
         let mut v = vec![
             r.model.clone(),
-            r.size_bytes.to_string(),
+            r.size_bytes.map(|b| b.to_string()).unwrap_or_default(),
             r.params.map(|p| p.to_string()).unwrap_or_default(),
             r.backend.clone(),
             r.threads.to_string(),

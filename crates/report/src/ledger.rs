@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use opledger_core::device::Clock;
 use opledger_core::ledger::{Gate, LedgerReport, Row};
 use opledger_core::replay::ReplayResult;
 
@@ -58,9 +59,13 @@ fn cells(row: &Row) -> Vec<String> {
 /// What marks a replay column whose validations failed, in every format.
 pub const UNRELIABLE: &str = "unreliable";
 
-/// The header, the replay columns marked where their side's validations failed.
+/// The header, the replay columns marked where their side's validations failed, the first
+/// naming the device's clock where the bands are read on it.
 fn header(r: &LedgerReport) -> Vec<String> {
     let mut h: Vec<String> = HEADER.iter().map(|s| s.to_string()).collect();
+    if r.ledger.clock == Some(Clock::Device) {
+        h[0] = "band (device ms/token)".into();
+    }
     for (col, rr) in [(5, &r.replay_a), (6, &r.replay_b)] {
         if rr.as_ref().is_some_and(|rr| !rr.reliable) {
             h[col] = format!("{} ({UNRELIABLE})", h[col]);
@@ -156,7 +161,18 @@ fn heading(r: &LedgerReport) -> String {
             _ => String::new(),
         }
     );
+    if let Some(clock) = l.clock {
+        let _ = writeln!(out, "{}", clock_line(clock));
+    }
     out
+}
+
+/// What the bands' times are, where a side had device time to choose from.
+pub fn clock_line(clock: Clock) -> String {
+    match clock {
+        Clock::Device => "clock: device · each band's time is the device time of the activity its spans launched (median over steps), gaps and opportunities on the same clock (--clock host: the spans' self time)".into(),
+        Clock::Host => "clock: host · each band's time is its spans' self time on the host, scaled to the step's wall (--clock device: the time of the device activity they launched)".into(),
+    }
 }
 
 fn validations(name: &str, rr: &ReplayResult) -> String {

@@ -7,6 +7,7 @@
 pub mod ab;
 pub mod bench;
 pub mod census;
+pub mod device;
 pub mod html;
 pub mod ledger;
 pub mod nodes;

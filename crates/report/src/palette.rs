@@ -28,6 +28,11 @@ pub fn band_colour(band: &str) -> String {
 pub const SIDE_A: &str = "#7a8ca3";
 pub const SIDE_B: &str = "#e4572e";
 
+/// The two clocks of an imported trace with device activity: the host's spans and the
+/// device's activity, the same in every chart.
+pub const HOST_CLOCK: &str = "#9aa5b1";
+pub const DEVICE_CLOCK: &str = "#0969da";
+
 /// A waste chart's bars: a band's whole time and the part of it on rows nobody reads.
 pub const WASTED: &str = "#c0392b";
 pub const WHOLE: &str = "#9aa5b1";

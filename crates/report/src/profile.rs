@@ -86,13 +86,13 @@ pub(crate) fn mark(status: CheckStatus) -> &'static str {
 
 pub(crate) fn heading(m: &Manifest, s: &ProfileSummary) -> (String, String) {
     let title = format!(
-        "{} · {} · {} {} · {} · {} threads",
+        "{} · {} · {} {} · {} · {}",
         m.model_label(),
         m.model.arch.arch,
         m.engine.engine,
         m.engine.version,
         m.engine.backend,
-        m.engine.threads
+        crate::view::threads_label(m)
     );
     let work = if s.decode_tokens > 0 {
         format!(
@@ -294,15 +294,20 @@ pub(crate) fn contents_line(
 /// Names listed on a band's contents line; the rest is summed.
 const CONTENTS_SHOWN: usize = 12;
 
+/// The model's layers, or that they were not recorded (an import without `--model`).
+pub(crate) fn layers_line(m: &Manifest) -> String {
+    if m.model.arch.layers.is_empty() && !crate::view::model_recorded(m) {
+        crate::view::model_not_recorded(m)
+    } else {
+        m.model.arch.layer_summary()
+    }
+}
+
 /// The terminal rendering.
 pub fn profile_text(m: &Manifest, s: &ProfileSummary) -> String {
     let (title, work) = heading(m, s);
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{title}\n{work}\nlayers: {}\n",
-        m.model.arch.layer_summary()
-    );
+    let _ = writeln!(out, "{title}\n{work}\nlayers: {}\n", layers_line(m));
     let _ = writeln!(
         out,
         "{}\n",
@@ -310,6 +315,9 @@ pub fn profile_text(m: &Manifest, s: &ProfileSummary) -> String {
     );
     for line in figures(s) {
         let _ = writeln!(out, "{line}");
+    }
+    if let Some(d) = &s.device {
+        out.push_str(&crate::device::device_text(d));
     }
     if !s.devices.is_empty() {
         let _ = writeln!(
@@ -454,6 +462,9 @@ pub fn profile_markdown(m: &Manifest, s: &ProfileSummary) -> String {
     for line in figures(s) {
         let _ = writeln!(out, "- {line}");
     }
+    if let Some(d) = &s.device {
+        out.push_str(&crate::device::device_markdown(d));
+    }
     if !s.devices.is_empty() {
         let _ = writeln!(
             out,
@@ -483,7 +494,9 @@ pub fn profile_markdown(m: &Manifest, s: &ProfileSummary) -> String {
     out
 }
 
-/// One row per band: the figures a spreadsheet wants.
+/// One row per band: the figures a spreadsheet wants, each on its clock (`host`: every measured
+/// profile's bands, and an imported trace's spans; `device`: an imported trace's device
+/// activity, a second row per band after the host's).
 pub fn bands_csv(s: &ProfileSummary) -> Result<String, csv::Error> {
     let mut w = csv::Writer::from_writer(Vec::new());
     w.write_record([
@@ -500,6 +513,7 @@ pub fn bands_csv(s: &ProfileSummary) -> Result<String, csv::Error> {
         "depth_tokens",
         "fused_ms",
         "corrected_clamped_nodes",
+        "clock",
     ])?;
     for b in &s.bands {
         w.write_record([
@@ -516,7 +530,13 @@ pub fn bands_csv(s: &ProfileSummary) -> Result<String, csv::Error> {
             s.depth_tokens.to_string(),
             format!("{:.6}", s.fused_ms),
             b.corrected_clamped_nodes.to_string(),
+            "host".into(),
         ])?;
+    }
+    if let Some(d) = &s.device {
+        for row in crate::device::csv_rows(d, s.tokens, s.depth_tokens) {
+            w.write_record(row)?;
+        }
     }
     let bytes = w.into_inner().map_err(|e| e.into_error())?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())

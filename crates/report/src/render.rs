@@ -248,7 +248,13 @@ pub fn render(
         (Format::Html, _) => crate::html::html(view)
             .map_err(RenderError::Chart)?
             .into_bytes(),
-        (Format::Sql, _) => crate::sql::sql(view.manifest(), &rows).into_bytes(),
+        (Format::Sql, _) => {
+            let device = match view {
+                RunView::Profile(v) => v.summary.device.as_ref(),
+                _ => None,
+            };
+            crate::sql::sql(view.manifest(), &rows, device).into_bytes()
+        }
         (Format::Perfetto, RunView::Profile(v)) => {
             crate::perfetto::trace_json(v.manifest, v.raw, &v.assignments, opts.trace_tracks)?
         }

@@ -7,6 +7,8 @@ use std::fmt::Write as _;
 
 use opledger_core::manifest::Manifest;
 
+use opledger_core::device::DeviceStats;
+
 use crate::bench::BenchRow;
 
 /// One row per run.
@@ -58,6 +60,44 @@ const COLUMNS: [(&str, &str); 22] = [
 
 /// A row of `opledger_run_bands` is one band of one test of one side of one run.
 const KEY: &str = "run_id, config, test, band";
+
+/// An imported trace with device activity: one row per run of its device figures (medians over
+/// steps, milliseconds a step) ...
+pub const DEVICE: &str = "opledger_run_device";
+/// ... and one row per band, the host's self time and the device's time per token side by side.
+pub const DEVICE_BANDS: &str = "opledger_run_device_bands";
+
+const DEVICE_COLUMNS: [(&str, &str); 15] = [
+    (
+        "run_id",
+        "TEXT PRIMARY KEY REFERENCES opledger_runs(run_id)",
+    ),
+    ("activities", "INTEGER"),
+    ("devices", "INTEGER"),
+    ("streams", "INTEGER"),
+    ("busy_ms", "REAL"),
+    ("activity_ms", "REAL"),
+    ("stream_concurrency", "REAL"),
+    ("step_wall_ms", "REAL"),
+    ("step_wall_with_device_ms", "REAL"),
+    ("outside_steps", "INTEGER"),
+    ("outside_steps_ms", "REAL"),
+    ("unlinked", "INTEGER"),
+    ("unlinked_ms", "REAL"),
+    ("links_dropped", "INTEGER"),
+    ("steps", "INTEGER"),
+];
+
+const DEVICE_BAND_COLUMNS: [(&str, &str); 8] = [
+    ("run_id", "TEXT NOT NULL REFERENCES opledger_runs(run_id)"),
+    ("band", "TEXT NOT NULL"),
+    ("host_ms_per_token", "REAL"),
+    ("host_ms_per_token_min", "REAL"),
+    ("host_ms_per_token_max", "REAL"),
+    ("device_ms_per_token", "REAL"),
+    ("device_ms_per_token_min", "REAL"),
+    ("device_ms_per_token_max", "REAL"),
+];
 
 /// A run's id: the BLAKE3 of its manifest as JSON (what was run, when, with what, on what
 /// machine), the first 32 hex digits. The same stored run always has the same id.
@@ -115,7 +155,7 @@ fn create(out: &mut String, table: &str, columns: &[(&str, &str)], key: Option<&
 /// The script: the tables, then the run and its rows in one transaction. A run already loaded
 /// is the same run (its id is its manifest's hash): its row is kept and its band rows are
 /// replaced, so loading it again changes nothing.
-pub fn sql(m: &Manifest, rows: &[BenchRow]) -> String {
+pub fn sql(m: &Manifest, rows: &[BenchRow], device: Option<&DeviceStats>) -> String {
     let id = run_id(m);
     let mut out = String::new();
     let _ = writeln!(
@@ -129,6 +169,15 @@ pub fn sql(m: &Manifest, rows: &[BenchRow]) -> String {
     );
     create(&mut out, RUNS, &RUN_COLUMNS, None);
     create(&mut out, TABLE, &COLUMNS, Some(KEY));
+    if device.is_some() {
+        create(&mut out, DEVICE, &DEVICE_COLUMNS, None);
+        create(
+            &mut out,
+            DEVICE_BANDS,
+            &DEVICE_BAND_COLUMNS,
+            Some("run_id, band"),
+        );
+    }
     let _ = writeln!(out, "BEGIN TRANSACTION;");
     let names = |columns: &[(&str, &str)]| {
         columns
@@ -138,6 +187,12 @@ pub fn sql(m: &Manifest, rows: &[BenchRow]) -> String {
             .join(", ")
     };
     let first = rows.first();
+    // a run imported without its model recorded no model file: NULL, not its trace, 0 or ''
+    let recorded = crate::view::model_recorded(m);
+    let or_null = |v: String| if recorded { v } else { "NULL".into() };
+    let model_path = or_null(quote(&m.model.path));
+    let size = or_null(m.model.size_bytes.to_string());
+    let blake3 = or_null(quote(&m.model.blake3));
     let run = [
         quote(&id),
         quote(&m.created_utc),
@@ -145,9 +200,9 @@ pub fn sql(m: &Manifest, rows: &[BenchRow]) -> String {
         quote(&m.command),
         quote(&serde_json::to_string(&m.args).expect("strings serialise")),
         quote(first.map_or(m.model_label(), |r| r.model.as_str())),
-        quote(&m.model.path),
-        m.model.size_bytes.to_string(),
-        quote(&m.model.blake3),
+        model_path.clone(),
+        size.clone(),
+        blake3.clone(),
         quote(&m.model.arch.arch),
         quote(&m.engine.engine),
         quote(&m.engine.version),
@@ -176,9 +231,9 @@ pub fn sql(m: &Manifest, rows: &[BenchRow]) -> String {
                 quote(&m.tool),
                 quote(&m.command),
                 quote(&r.model),
-                quote(&m.model.path),
-                r.size_bytes.to_string(),
-                quote(&m.model.blake3),
+                model_path.clone(),
+                size.clone(),
+                blake3.clone(),
                 r.params
                     .map(|p| p.to_string())
                     .unwrap_or_else(|| "NULL".into()),
@@ -203,8 +258,64 @@ pub fn sql(m: &Manifest, rows: &[BenchRow]) -> String {
             );
         }
     }
+    if let Some(d) = device {
+        device_rows(&mut out, &id, d);
+    }
     let _ = writeln!(out, "COMMIT;");
     out
+}
+
+/// The device ledger's rows, replaced when the run is loaded again.
+fn device_rows(out: &mut String, id: &str, d: &DeviceStats) {
+    let names = |columns: &[(&str, &str)]| {
+        columns
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let values = [
+        quote(id),
+        d.activities.to_string(),
+        d.devices.to_string(),
+        d.streams.to_string(),
+        real(d.busy_ms.median),
+        real(d.activity_ms.median),
+        real(d.stream_concurrency.map_or(f64::NAN, |c| c.median)),
+        real(d.step_wall_ms.median),
+        real(d.step_wall_with_device_ms.median),
+        d.outside_steps.to_string(),
+        real(d.outside_steps_ms),
+        d.unlinked.to_string(),
+        real(d.unlinked_ms),
+        d.links_dropped.to_string(),
+        d.step_wall_ms.n.to_string(),
+    ];
+    let _ = writeln!(
+        out,
+        "INSERT OR REPLACE INTO {DEVICE} ({}) VALUES ({});",
+        names(&DEVICE_COLUMNS),
+        values.join(", ")
+    );
+    for b in d.bands_with_time() {
+        let (h, v) = (&b.host_ms_per_token, &b.device_ms_per_token);
+        let values = [
+            quote(id),
+            quote(&b.band),
+            real(h.median),
+            real(h.min),
+            real(h.max),
+            real(v.median),
+            real(v.min),
+            real(v.max),
+        ];
+        let _ = writeln!(
+            out,
+            "INSERT OR REPLACE INTO {DEVICE_BANDS} ({}) VALUES ({});",
+            names(&DEVICE_BAND_COLUMNS),
+            values.join(", ")
+        );
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 use opledger_core::ab::{AbReport, DiscoverReport};
 use opledger_core::band::Assignment;
 use opledger_core::census::{census, predicts_engine, Census};
+use opledger_core::device::DeviceStats;
 use opledger_core::ledger::LedgerReport;
 use opledger_core::manifest::Manifest;
 use opledger_core::node::NodeInfo;
@@ -50,11 +51,78 @@ impl<'a> ProfileView<'a> {
             census,
         })
     }
+
+    /// The view with an imported trace's device ledger in its summary (`None`: no device
+    /// activity, or a measured profile).
+    /// Its `device coverage` check fails where device activity matched no rule (the figures
+    /// of that activity are in the `unassigned` band), as the host's coverage check does.
+    pub fn with_device(mut self, device: Option<DeviceStats>) -> Self {
+        use opledger_core::profile::{Check, CheckStatus};
+        if let Some(d) = &device {
+            self.summary.checks.push(if d.unassigned.is_empty() {
+                Check {
+                    name: "device coverage".into(),
+                    status: CheckStatus::Pass,
+                    detail: format!(
+                        "every one of the {} device activities took a band from its launch",
+                        d.activities
+                    ),
+                }
+            } else {
+                Check {
+                    name: "device coverage".into(),
+                    status: CheckStatus::Fail,
+                    detail: format!(
+                        "{} kinds of device activity no rule matched: {}",
+                        d.unassigned.len(),
+                        d.unassigned
+                            .iter()
+                            .map(|(n, p, ms)| format!(
+                                "'{n}' launched by '{p}' {ms:.4} ms per step"
+                            ))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ),
+                }
+            });
+        }
+        self.summary.device = device;
+        self
+    }
 }
 
 /// The manifest command of an imported run (`opledger import`); a Chrome trace's carries
 /// `trace_blake3` in its engine settings.
 pub const IMPORTED: &str = "import";
+
+/// What a rendering says where a run did not record a figure (never a zero in its place).
+pub const NOT_RECORDED: &str = "not recorded";
+
+/// What a rendering says of the model's file, size, hash and layers for a run whose model was
+/// not recorded: `not recorded (imported without --model)` for an import.
+pub fn model_not_recorded(m: &Manifest) -> String {
+    if m.command == IMPORTED {
+        format!("{NOT_RECORDED} (imported without --model)")
+    } else {
+        NOT_RECORDED.to_string()
+    }
+}
+
+/// `2 threads`; `threads not recorded` for an import whose records carry no thread count (node
+/// records: the engine's threads are its own business), never `0 threads`.
+pub fn threads_label(m: &Manifest) -> String {
+    if m.engine.threads == 0 && m.command == IMPORTED {
+        format!("threads {NOT_RECORDED}")
+    } else {
+        format!("{} threads", m.engine.threads)
+    }
+}
+
+/// The run recorded its model file (a hash of it): every measuring command does, an import
+/// only with `--model`.
+pub fn model_recorded(m: &Manifest) -> bool {
+    !m.model.blake3.is_empty()
+}
 
 /// How the checks of an imported run begin that could not be measured.
 pub const NOT_MEASURABLE: &str = "not measurable for an imported trace";

@@ -319,3 +319,128 @@ fn html_reports_render_in_chromium_without_console_errors() {
         "a page that throws left no console line:\n{stderr}"
     );
 }
+
+/// A spread over two steps, from the two values.
+fn two(a: f64, b: f64) -> opledger_core::stats::Spread {
+    opledger_core::stats::Spread {
+        median: (a + b) / 2.0,
+        min: a.min(b),
+        max: a.max(b),
+        n: 2,
+    }
+}
+
+/// The device ledger of crates/core/tests/fixtures/kineto-gpu-by-hand.json at one token a step,
+/// from the figures computed by hand in crates/core/tests/kineto_gpu.rs (µs of step 1 and step
+/// 2, host self time then device time; / 1000 for ms/token).
+fn hand_device() -> opledger_core::device::DeviceStats {
+    let band = |name: &str, host: [f64; 2], device: [f64; 2]| opledger_core::device::DeviceBand {
+        band: name.into(),
+        host_ms_per_token: two(host[0] / 1e3, host[1] / 1e3),
+        device_ms_per_token: two(device[0] / 1e3, device[1] / 1e3),
+        device_ms_per_token_steps: vec![device[0] / 1e3, device[1] / 1e3],
+    };
+    opledger_core::device::DeviceStats {
+        activities: 9,
+        devices: 1,
+        streams: 2,
+        bands: vec![
+            band("attention", [51.0, 0.0], [50.0, 0.0]),
+            band("projections", [14.0, 0.0], [30.0, 0.0]),
+            band("dense_ffn", [55.0, 20.0], [66.0, 6.0]),
+            band("network", [3.0, 0.0], [60.0, 0.0]),
+            band("other", [71.0, 80.0], [14.0, 0.0]),
+            band("unassigned", [6.0, 0.0], [4.0, 0.0]),
+        ],
+        step_wall_ms: two(0.2, 0.1),
+        step_wall_with_device_ms: two(0.204, 0.1),
+        busy_ms: two(0.164, 0.006),
+        activity_ms: two(0.224, 0.006),
+        stream_concurrency: Some(two(224.0 / 164.0, 1.0)),
+        outside_steps: 1,
+        outside_steps_ms: 0.005,
+        unlinked: 0,
+        unlinked_ms: 0.0,
+        links_dropped: 0,
+        unassigned: vec![("fill_kernel".into(), "cudaLaunchKernel".into(), 0.002)],
+    }
+}
+
+/// An imported GPU trace's page: the chart "Where the time goes" draws a host bar and a device
+/// bar for each of its six bands, both colours show on the screenshot, and the device section
+/// states the busy time against the activity and the stream concurrency. The screenshot is
+/// copied to /tmp/opledger-report-screenshot-device.png for a reviewer.
+#[test]
+fn an_imported_gpu_trace_shows_both_clocks_in_chromium() {
+    let work = tempfile::tempdir().unwrap();
+    let (mp, rp) = (fixture::manifest("profile"), fixture::profile_raw());
+    let view = RunView::Profile(
+        ProfileView::new(&mp, &rp)
+            .unwrap()
+            .with_device(Some(hand_device())),
+    );
+    let html =
+        String::from_utf8(render(&view, Format::Html, &RenderOptions::default()).unwrap()).unwrap();
+    let page = work.path().join("device.html");
+    std::fs::write(&page, &html).unwrap();
+    let probed = work.path().join("device-probe.html");
+    std::fs::write(
+        &probed,
+        html.replace("</body>", &format!("{PROBE}\n</body>")),
+    )
+    .unwrap();
+    let (dom, stderr) = run_chromium(
+        work.path(),
+        "device-dom",
+        &[
+            "--enable-logging=stderr".into(),
+            "--v=0".into(),
+            "--dump-dom".into(),
+        ],
+        &probed,
+    );
+    assert!(
+        console_lines(&stderr).is_empty(),
+        "console messages:\n{}",
+        console_lines(&stderr).join("\n")
+    );
+    let p = probe(&dom);
+    // the first SVG is "Where the time goes": 6 bands x (host, device), every bar drawn (each
+    // median is above 0: the smallest, network's host 0.0015 ms)
+    let [w, h, bars, drawn, _] = p.svgs[0];
+    assert!(w > 300 && h > 150, "the chart laid out at {w}x{h}");
+    assert_eq!((bars, drawn), (12, 12), "bars of the chart, drawn");
+    // the figures as Chromium shows them (hand-computed: busy (164 + 6) / 2 µs, activity
+    // (224 + 6) / 2, concurrency (224 / 164 + 1) / 2)
+    for needle in [
+        "host 0.0255 · device 0.0250 ms",
+        "host 0.0755 · device 0.0070 ms",
+        "device busy 0.0850 [0.0060–0.1640] ms a step",
+        "against 0.1150 [0.0060–0.2240] ms of activity: stream concurrency 1.1829 [1.0000–1.3659]",
+        "streams: 2 on 1 device(s)",
+    ] {
+        assert!(dom.contains(needle), "the page lacks '{needle}'");
+    }
+    let shot = work.path().join("device.png");
+    let (_, stderr) = run_chromium(
+        work.path(),
+        "device-shot",
+        &[
+            format!("--screenshot={}", shot.display()),
+            "--window-size=1280,1200".into(),
+        ],
+        &page,
+    );
+    assert!(shot.is_file(), "no screenshot\n{stderr}");
+    for (clock, colour) in [
+        ("host", opledger_report::palette::HOST_CLOCK),
+        ("device", opledger_report::palette::DEVICE_CLOCK),
+    ] {
+        let (n, _, _) = pixels_like(&shot, hex(colour));
+        assert!(
+            n > 500,
+            "only {n} pixels of the {clock} bars' colour {colour} on the screenshot"
+        );
+    }
+    std::fs::copy(&shot, "/tmp/opledger-report-screenshot-device.png").unwrap();
+}

@@ -212,7 +212,7 @@ fn a_band_stopped_at_zero_by_the_isolation_removal_is_marked_in_every_format_wit
     // the bands CSV: the band's row ends with its one node stopped at 0
     let csv = text(render(&view, Format::Bands, &opts).unwrap());
     assert!(
-        csv.lines().skip(1).any(|l| l.ends_with(",1")),
+        csv.lines().skip(1).any(|l| l.ends_with(",1,host")),
         "no band row has a node at 0:\n{csv}"
     );
 }
@@ -321,4 +321,45 @@ fn figures_a_run_did_not_measure_are_rendered_not_measured() {
 fn text_of(v: &ProfileView<'_>, format: Format) -> String {
     let view = RunView::Profile(v.clone());
     text(render(&view, format, &RenderOptions::default()).unwrap())
+}
+
+/// A run imported without its model or a thread count (node records carry none): every
+/// rendering says so, never `0 threads`, a size of 0 bytes, an empty hash or `0 ()` layers.
+#[test]
+fn an_import_without_model_or_threads_says_not_recorded_in_every_format() {
+    let mut m = fixture::manifest("profile");
+    m.command = "import".into();
+    m.engine.threads = 0;
+    m.model.path = "trace.json".into();
+    m.model.size_bytes = 0;
+    m.model.blake3 = String::new();
+    m.model.arch.layers.clear();
+    m.model.arch.n_embd = 0;
+    let raw = fixture::profile_raw();
+    let view = RunView::Profile(ProfileView::new(&m, &raw).unwrap());
+    let opts = RenderOptions::default();
+    let nr = "not recorded (imported without --model)";
+    let txt = text(render(&view, Format::Text, &opts).unwrap());
+    assert!(txt.contains("· threads not recorded\n"), "{txt}");
+    assert!(txt.contains(&format!("layers: {nr}")), "{txt}");
+    let html = text(render(&view, Format::Html, &opts).unwrap());
+    for row in ["threads", "file", "size", "BLAKE3", "layers", "embedding"] {
+        let want = if row == "threads" { "not recorded" } else { nr };
+        assert!(
+            html.contains(&format!("<tr><th>{row}</th><td>{want}</td></tr>")),
+            "the {row} row"
+        );
+    }
+    assert!(!html.contains("0.00 GiB") && !html.contains("<td>0 ()</td>"));
+    assert!(html.contains(&format!("No census: the model was {nr}")));
+    let sql = text(render(&view, Format::Sql, &opts).unwrap());
+    assert!(
+        sql.contains("'trace.json', NULL, NULL, NULL, 'qwen35moe'"),
+        "{sql}"
+    );
+    let md = text(render(&view, Format::Md, &opts).unwrap());
+    assert!(
+        md.lines().nth(2).unwrap().contains("| not recorded |"),
+        "{md}"
+    );
 }

@@ -139,101 +139,13 @@ pub fn run(args: ImportArgs) -> Result<ExitCode> {
         for (name, cat, parent, ms) in &s.unassigned {
             println!("unassigned: '{name}' (cat '{cat}', in '{parent}') {ms:.4} ms per step");
         }
-        if let Some(d) = &s.device {
-            print!("{}", device_text(d));
-        }
         for n in &s.not_measurable {
             println!("not measurable: {n}");
         }
         println!("run folder: {}", path.display());
     }
-    let mut outcome = opledger_app::outcome::of_checks(&summary.checks);
-    if let Some(d) = &imported.stats.device {
-        if !d.unassigned.is_empty() {
-            let detail = format!(
-                "{} kinds of device activity no rule matched: {}",
-                d.unassigned.len(),
-                d.unassigned
-                    .iter()
-                    .map(|(n, p, ms)| format!("'{n}' launched by '{p}' {ms:.4} ms per step"))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            );
-            outcome = match outcome {
-                opledger_app::outcome::Exit::CheckFailed(mut v) => {
-                    v.push(("device coverage".into(), detail));
-                    opledger_app::outcome::Exit::CheckFailed(v)
-                }
-                _ => opledger_app::outcome::Exit::CheckFailed(vec![(
-                    "device coverage".into(),
-                    detail,
-                )]),
-            };
-        }
-    }
-    Ok(super::common::exit(outcome))
-}
-
-/// The device's side of a trace: host and device time per band, the devices' busy time against
-/// the activity's sum, the step's wall, and the activity left out of every step.
-fn device_text(d: &opledger_app::import::DeviceStats) -> String {
-    use std::fmt::Write;
-    let r =
-        |s: &opledger_core::stats::Spread| format!("{:.4} [{:.4}–{:.4}]", s.median, s.min, s.max);
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "\ndevice activity: {} launched in the kept steps on {} device(s), {} stream(s)",
-        d.activities, d.devices, d.streams
-    );
-    let _ = writeln!(
-        out,
-        "{:<12} {:>30} {:>30}",
-        "band", "host ms/token", "device ms/token"
-    );
-    for b in &d.bands {
-        let _ = writeln!(
-            out,
-            "{:<12} {:>30} {:>30}",
-            b.band,
-            r(&b.host_ms_per_token),
-            r(&b.device_ms_per_token)
-        );
-    }
-    let _ = writeln!(
-        out,
-        "step wall {} ms on the host, {} ms to its last device activity",
-        r(&d.step_wall_ms),
-        r(&d.step_wall_with_device_ms)
-    );
-    let _ = writeln!(
-        out,
-        "device busy {} ms (union over streams) against {} ms of activity{}",
-        r(&d.busy_ms),
-        r(&d.activity_ms),
-        d.stream_concurrency
-            .as_ref()
-            .map(|c| format!(" (stream concurrency {})", r(c)))
-            .unwrap_or_default()
-    );
-    let _ = writeln!(
-        out,
-        "activity launched outside every step: {} ({:.4} ms); with no launch found: {} ({:.4} ms){}",
-        d.outside_steps,
-        d.outside_steps_ms,
-        d.unlinked,
-        d.unlinked_ms,
-        if d.links_dropped > 0 {
-            format!("; {} launches let go to bound memory", d.links_dropped)
-        } else {
-            String::new()
-        }
-    );
-    for (name, parent, ms) in &d.unassigned {
-        let _ = writeln!(
-            out,
-            "unassigned device activity: '{name}' launched by '{parent}' {ms:.4} ms per step"
-        );
-    }
-    out
+    // a failed `device coverage` (device activity no rule matched) is among the checks
+    Ok(super::common::exit(opledger_app::outcome::of_checks(
+        &summary.checks,
+    )))
 }

@@ -10,6 +10,7 @@ use clap::Args;
 use opledger_app::bands::Bands;
 use opledger_app::engines::EngineKind;
 use opledger_app::ledger::LedgerRequest;
+use opledger_core::device::Clock;
 use opledger_core::engine::Work;
 use opledger_core::ledger::LedgerReport;
 use opledger_core::replay::ReplayConfig;
@@ -33,12 +34,33 @@ pub struct CompareArgs {
     /// (one-sided Mann-Whitney at 5 % over the number of bands).
     #[arg(long, value_name = "PCT", value_parser = super::flags::percent)]
     pub fail_above: Option<f64>,
+    /// The clock the bands' times are read on: `host` (the spans' or nodes' time on the CPU)
+    /// or `device` (an import's device activity); default: device where both runs have
+    /// device time, else host.
+    #[arg(long, value_enum)]
+    pub clock: Option<ClockArg>,
     /// What to print.
     #[arg(long, value_enum, default_value = "text")]
     pub format: LedgerFormat,
     /// The same as --format json.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--clock`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClockArg {
+    Host,
+    Device,
+}
+
+impl From<ClockArg> for Clock {
+    fn from(c: ClockArg) -> Clock {
+        match c {
+            ClockArg::Host => Clock::Host,
+            ClockArg::Device => Clock::Device,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -96,8 +118,13 @@ fn print_report(report: &LedgerReport, format: LedgerFormat) -> Result<()> {
 }
 
 pub fn run_compare(args: CompareArgs) -> Result<ExitCode> {
-    let report =
-        opledger_app::ledger::compare_runs(&args.run_a, &args.run_b, args.force, args.fail_above)?;
+    let report = opledger_app::ledger::compare_runs(
+        &args.run_a,
+        &args.run_b,
+        args.force,
+        args.fail_above,
+        args.clock.map(Clock::from),
+    )?;
     print_report(
         &report,
         if args.json {

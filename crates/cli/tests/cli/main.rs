@@ -101,6 +101,7 @@ mod finite;
 mod flags;
 mod gate;
 mod import;
+mod import_device;
 mod ledger;
 mod llama_profile;
 mod ops;

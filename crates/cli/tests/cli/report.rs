@@ -333,6 +333,30 @@ fn every_kind_of_run_a_command_writes_is_re_rendered_byte_for_byte() {
             ],
         ),
     ];
+    // `report` re-renders each file the command wrote into `out` byte for byte, exiting as the
+    // command did
+    let re_rendered = |kind: &str, written_as: &str, out: &std::path::Path, code: Option<i32>| {
+        for (format, file) in written(written_as) {
+            let stored =
+                std::fs::read(out.join(file)).unwrap_or_else(|e| panic!("{kind}: {file}: {e}"));
+            let rendered = opledger()
+                .args(["report", "--format", format])
+                .arg(out)
+                .output()
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&rendered.stdout),
+                String::from_utf8_lossy(&stored),
+                "{kind}: report --format {format} differs from the {file} its command wrote; {}",
+                String::from_utf8_lossy(&rendered.stderr)
+            );
+            assert_eq!(
+                rendered.status.code(),
+                code,
+                "{kind} {format}: exit codes differ"
+            );
+        }
+    };
     for (kind, args) in runs {
         let out = dir.path().join(kind);
         let status = opledger()
@@ -355,28 +379,26 @@ fn every_kind_of_run_a_command_writes_is_re_rendered_byte_for_byte() {
             "{kind}: no run folder; {}",
             String::from_utf8_lossy(&status.stderr)
         );
-        for (format, file) in written(kind) {
-            let stored =
-                std::fs::read(out.join(file)).unwrap_or_else(|e| panic!("{kind}: {file}: {e}"));
-            let rendered = opledger()
-                .args(["report", "--format", format])
-                .arg(&out)
-                .output()
-                .unwrap();
-            assert_eq!(
-                String::from_utf8_lossy(&rendered.stdout),
-                String::from_utf8_lossy(&stored),
-                "{kind}: report --format {format} differs from the {file} its command wrote; {}",
-                String::from_utf8_lossy(&rendered.stderr)
-            );
-            // report exits as the command did
-            assert_eq!(
-                rendered.status.code(),
-                status.status.code(),
-                "{kind} {format}: exit codes differ"
-            );
-        }
+        re_rendered(kind, kind, &out, status.status.code());
     }
+    // an import of a GPU-shaped trace: a profile's files, its device ledger in each, and the
+    // failed device coverage (a kernel no rule matched) in report's exit code as in import's
+    let out = dir.path().join("import");
+    let status = opledger()
+        .arg("import")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../core/tests/fixtures/kineto-gpu-by-hand.json"
+        ))
+        .args(["--rules", "pytorch", "-q", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(3));
+    assert!(std::fs::read_to_string(out.join("table.txt"))
+        .unwrap()
+        .contains("device ledger"));
+    re_rendered("import", "profile", &out, Some(3));
     // a kind without an HTML page says what it has
     opledger()
         .args(["report", "--format", "html"])

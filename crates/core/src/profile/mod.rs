@@ -286,6 +286,10 @@ pub struct ProfileSummary {
     /// cycles), from that device's nodes that do no work; removed from every node on it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub isolation_device_us: BTreeMap<String, f64>,
+    /// An imported trace with device activity: the device ledger beside the host's bands
+    /// (`import.json`'s `device`, set by the view of the run); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<crate::device::DeviceStats>,
 }
 
 #[derive(Debug, thiserror::Error)]

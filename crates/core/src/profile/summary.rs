@@ -172,6 +172,7 @@ pub fn summarise(
         },
         one_process_skipped: raw.one_process_skipped.clone(),
         isolation_device_us: isolation.per_device.into_iter().collect(),
+        device: None,
     })
 }
 

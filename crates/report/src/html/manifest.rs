@@ -30,7 +30,7 @@ pub(super) fn manifest_section(out: &mut String, m: &Manifest) {
         ("Run", run_rows(m)),
         ("Engine", engine_rows(m)),
         ("Model", model_rows(m)),
-        ("Architecture", arch_rows(&m.model.arch)),
+        ("Architecture", arch_rows(m)),
         ("System", system_rows(&m.system)),
     ] {
         let _ = writeln!(out, "<h3>{title}</h3>");
@@ -71,13 +71,25 @@ fn engine_rows(m: &Manifest) -> Vec<(&'static str, String)> {
         ("engine", m.engine.engine.clone()),
         ("version", m.engine.version.clone()),
         ("backend", m.engine.backend.clone()),
-        ("threads", m.engine.threads.to_string()),
+        (
+            "threads",
+            if m.engine.threads == 0 && m.command == crate::view::IMPORTED {
+                crate::view::NOT_RECORDED.to_string()
+            } else {
+                m.engine.threads.to_string()
+            },
+        ),
         ("settings", settings.join(", ")),
     ]
 }
 
-/// The model file.
+/// The model file, or that it was not recorded (an import without `--model`: its path would
+/// be the trace's, its size and hash empty).
 fn model_rows(m: &Manifest) -> Vec<(&'static str, String)> {
+    if !crate::view::model_recorded(m) {
+        let nr = crate::view::model_not_recorded(m);
+        return vec![("file", nr.clone()), ("size", nr.clone()), ("BLAKE3", nr)];
+    }
     vec![
         ("file", m.model.path.clone()),
         ("size", gib(m.model.size_bytes)),
@@ -85,8 +97,34 @@ fn model_rows(m: &Manifest) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// The architecture facts of the model.
-fn arch_rows(a: &ArchInfo) -> Vec<(&'static str, String)> {
+/// The architecture facts of the model; with no model recorded, a fact the run does not hold
+/// (no layers, a zero width) says so instead of a zero.
+fn arch_rows(m: &Manifest) -> Vec<(&'static str, String)> {
+    let a = &m.model.arch;
+    let mut rows = known_arch_rows(a);
+    if !crate::view::model_recorded(m) {
+        let nr = crate::view::model_not_recorded(m);
+        let zero = [
+            a.layers.is_empty(),
+            a.layers.is_empty(),
+            a.layers.is_empty(),
+            a.n_experts == 0,
+            a.n_embd == 0,
+            a.n_head == 0,
+            a.ffn_length == 0,
+            a.n_vocab == 0,
+        ];
+        // rows[0] is the architecture's own name, always stated
+        for (row, unknown) in rows.iter_mut().skip(1).zip(&zero[1..]) {
+            if *unknown {
+                row.1 = nr.clone();
+            }
+        }
+    }
+    rows
+}
+
+fn known_arch_rows(a: &ArchInfo) -> Vec<(&'static str, String)> {
     let kinds: Vec<String> = opledger_core::arch::LayerKind::ALL
         .iter()
         .filter_map(|k| {

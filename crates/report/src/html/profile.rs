@@ -6,12 +6,17 @@ use opledger_core::census::ExpectationStatus;
 
 use super::layout::{band_cell, band_table, checks_section, figure, list, page, table};
 use super::manifest::manifest_section;
-use crate::palette::band_colour;
+use crate::palette::{band_colour, DEVICE_CLOCK, HOST_CLOCK};
 use crate::svg::{bar_chart_svg, esc, Bar, BarChart, BarRow, Panel};
 use crate::view::ProfileView;
+use opledger_core::device::DeviceStats;
+use opledger_core::stats::Spread;
 
 pub(super) fn profile_chart(v: &ProfileView) -> BarChart {
     let s = &v.summary;
+    if let Some(d) = &s.device {
+        return clocks_chart(v, d);
+    }
     BarChart {
         title: format!(
             "{} · ms per token by band · {}",
@@ -44,22 +49,99 @@ pub(super) fn profile_chart(v: &ProfileView) -> BarChart {
     }
 }
 
+/// An imported trace with device activity: per band a host bar (the spans' self time as read)
+/// and a device bar (the activity they launched), one scale, whiskers over steps.
+fn clocks_chart(v: &ProfileView, d: &DeviceStats) -> BarChart {
+    let s = &v.summary;
+    let bar = |x: &Spread, colour: &str| Bar {
+        value: x.median,
+        colour: colour.to_string(),
+        range: (x.min.is_finite() && x.max.is_finite()).then_some((x.min, x.max)),
+    };
+    BarChart {
+        title: format!(
+            "{} · ms per token by band, host and device · {}",
+            v.manifest.model_label(),
+            crate::bench::test_name(
+                v.raw.config.work.chunk_tokens,
+                s.depth_tokens,
+                s.decode_tokens,
+                s.parallel
+            )
+        ),
+        unit: "ms per token · host: the spans' self time · device: the activity they launched · whiskers: range over steps".into(),
+        legend: vec![
+            ("host".into(), HOST_CLOCK.into()),
+            ("device".into(), DEVICE_CLOCK.into()),
+        ],
+        panels: vec![Panel {
+            title: None,
+            rows: d
+                .bands_with_time()
+                .map(|b| BarRow {
+                    label: b.band.clone(),
+                    bars: vec![
+                        bar(&b.host_ms_per_token, HOST_CLOCK),
+                        bar(&b.device_ms_per_token, DEVICE_CLOCK),
+                    ],
+                    note: format!(
+                        "host {:.4} · device {:.4} ms",
+                        b.host_ms_per_token.median, b.device_ms_per_token.median
+                    ),
+                })
+                .collect(),
+        }],
+    }
+}
+
+/// The device ledger's section: its table, the busy time against the activity, the streams,
+/// the activity outside every step.
+fn device_section(body: &mut String, d: &DeviceStats) {
+    body.push_str("<section id=\"device\"><h2>Device: time on the device's clock</h2>\n");
+    let _ = writeln!(body, "<p>{}</p>", esc(&crate::device::title(d)));
+    band_table(
+        body,
+        &crate::device::HEADER,
+        &[false, true, true, true, true, true],
+        crate::device::rows(d),
+    );
+    list(body, &crate::device::lines(d));
+    body.push_str("</section>\n");
+}
+
 pub(super) fn profile_html(v: &ProfileView) -> String {
     let m = v.manifest;
     let s = &v.summary;
     let (title, work) = crate::profile::heading(m, s);
     let mut body = String::new();
     checks_section(&mut body, "Cross-checks", &s.checks);
+    let caption = match &s.device {
+        Some(d) => format!(
+            "host and device side by side: device busy {} ms a step against {} ms of activity{}; step wall {} ms on the host, {} ms to its last device activity",
+            crate::device::spread(&d.busy_ms),
+            crate::device::spread(&d.activity_ms),
+            d.stream_concurrency
+                .as_ref()
+                .map(|c| format!(" (stream concurrency {})", crate::device::spread(c)))
+                .unwrap_or_default(),
+            crate::device::spread(&d.step_wall_ms),
+            crate::device::spread(&d.step_wall_with_device_ms)
+        ),
+        None => format!(
+            "FUSED wall {:.3} ms for {} tokens: {:.1} tok/s",
+            s.fused_ms, s.tokens, s.tok_per_s
+        ),
+    };
     figure(
         &mut body,
         "chart",
         "Where the time goes",
         &bar_chart_svg(&profile_chart(v)),
-        &format!(
-            "FUSED wall {:.3} ms for {} tokens: {:.1} tok/s",
-            s.fused_ms, s.tokens, s.tok_per_s
-        ),
+        &caption,
     );
+    if let Some(d) = &s.device {
+        device_section(&mut body, d);
+    }
     body.push_str("<section id=\"bands\"><h2>Bands</h2>\n");
     band_table(
         &mut body,
@@ -85,7 +167,29 @@ pub(super) fn profile_html(v: &ProfileView) -> String {
         list(&mut body, &contents);
     }
     body.push_str("</section>\n");
+    census_section(&mut body, v);
+    manifest_section(&mut body, m);
+    page(
+        &format!("opledger profile · {}", m.model_label()),
+        &format!("Profile of {}", m.model_label()),
+        &[title, work],
+        &body,
+    )
+}
+
+/// The census of the graph against the architecture; one line saying why where the run has no
+/// architecture to hold it against (an import without `--model`).
+fn census_section(body: &mut String, v: &ProfileView) {
+    let m = v.manifest;
     body.push_str("<section id=\"census\"><h2>Census: the graph against the architecture</h2>\n");
+    if m.model.arch.layers.is_empty() && !crate::view::model_recorded(m) {
+        let _ = writeln!(
+            body,
+            "<p>No census: the model was {}, so there is no architecture to count the graph against.</p>\n</section>",
+            esc(&crate::view::model_not_recorded(m))
+        );
+        return;
+    }
     let c = &v.census;
     let _ = writeln!(
         body,
@@ -119,17 +223,10 @@ pub(super) fn profile_html(v: &ProfileView) -> String {
         })
         .collect();
     table(
-        &mut body,
+        body,
         &["op", "band", "expected", "found", "", "rule"],
         &[false, false, true, true, false, false],
         &rows,
     );
     body.push_str("</section>\n");
-    manifest_section(&mut body, m);
-    page(
-        &format!("opledger profile · {}", m.model_label()),
-        &format!("Profile of {}", m.model_label()),
-        &[title, work],
-        &body,
-    )
 }
