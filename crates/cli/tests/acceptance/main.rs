@@ -618,6 +618,19 @@ fn worker_aa(x: &Ctx, c: &mut Claims) -> Result<(), String> {
             "no_change",
             verdict == "no_change",
         );
+        // "no change" is also an interval too wide to say anything: the same code in two
+        // processes must hold 1 inside B/A's interval
+        let (lo, hi) = (
+            num(&s["ratio_lo"], "ratio_lo")?,
+            num(&s["ratio_hi"], "ratio_hi")?,
+        );
+        c.add(
+            &format!("{name}: B/A"),
+            num(&s["ratio"], "ratio")?,
+            "1 within its interval",
+            lo <= 1.0 && 1.0 <= hi,
+            format!("[{lo:.3}-{hi:.3}]"),
+        );
     }
     Ok(())
 }
