@@ -17,6 +17,9 @@ use std::time::Instant;
 use opledger_core::profile::{CheckStatus, ProfileSummary};
 use serde::Serialize;
 
+#[path = "../shared/runs.rs"]
+mod runs;
+
 /// One claim: what is claimed, the figure measured, the bound it is held against (as written),
 /// and whether it held.
 #[derive(Debug, Clone, Serialize)]
@@ -285,17 +288,9 @@ fn profile_gemma3(x: &Ctx, c: &mut Claims) -> Result<(), String> {
 }
 
 fn isolation(_: &Ctx, c: &mut Claims) -> Result<(), String> {
-    use opledger_llama::calibrate::Dispatch;
     let _backend = opledger_llama::Backend::init(false);
     let pool = opledger_llama::ThreadPool::new(2).map_err(|e| e.to_string())?;
-    // a view after every other working node, a third of them on one thread
-    let pattern: Vec<Dispatch> = (0..96)
-        .map(|i| match i % 6 {
-            2 | 5 => Dispatch::Idle,
-            4 => Dispatch::OneThread,
-            _ => Dispatch::AllThreads,
-        })
-        .collect();
+    let pattern = runs::isolation_pattern();
     let k =
         opledger_llama::calibrate::isolation_cost(&pool, &pattern, 5).map_err(|e| e.to_string())?;
     // the callback's path holds the bare graph compute and more; 1 µs a node of timing noise
@@ -346,22 +341,7 @@ fn attention_grows(c: &mut Claims, prefix: &str, (b, se, r2, ..): (f64, f64, f64
 fn sweep_prefill(x: &Ctx, c: &mut Claims) -> Result<(), String> {
     let model = x.synth("tiny-qwen35moe")?;
     let run_dir = x.path("sweep-prefill");
-    let o = run(
-        &[
-            "sweep",
-            "-p",
-            "512",
-            "--max-depth",
-            "8192",
-            "-r",
-            "3",
-            "-t",
-            "2",
-            "-q",
-            "-m",
-        ],
-        &[&model, Path::new("-o"), &run_dir],
-    )?;
+    let o = run(runs::SWEEP_PREFILL, &[&model, Path::new("-o"), &run_dir])?;
     expect(&o, &[0, 3], "sweep")?;
     let s = json(&run_dir.join("summary.json"))?;
     let att = fit(&s["fits"], "attention")?;
@@ -387,26 +367,7 @@ fn sweep_prefill(x: &Ctx, c: &mut Claims) -> Result<(), String> {
 fn sweep_decode(x: &Ctx, c: &mut Claims) -> Result<(), String> {
     let model = x.synth("tiny-qwen35moe")?;
     let run_dir = x.path("sweep-decode");
-    let o = run(
-        &[
-            "sweep",
-            "-p",
-            "512",
-            "--max-depth",
-            "4096",
-            "-n",
-            "8",
-            "--parallel",
-            "4",
-            "-r",
-            "3",
-            "-t",
-            "2",
-            "-q",
-            "-m",
-        ],
-        &[&model, Path::new("-o"), &run_dir],
-    )?;
+    let o = run(runs::SWEEP_DECODE, &[&model, Path::new("-o"), &run_dir])?;
     expect(&o, &[0, 3], "sweep")?;
     let s = json(&run_dir.join("summary.json"))?;
     let d = &s["decode"];
@@ -548,22 +509,7 @@ fn replay_gemma3(x: &Ctx, c: &mut Claims) -> Result<(), String> {
 fn replay_tiny(x: &Ctx, c: &mut Claims) -> Result<(), String> {
     let model = x.synth("tiny-qwen3moe")?;
     let run_dir = x.path("replay-tiny");
-    let o = run(
-        &[
-            "ledger",
-            "-r",
-            "3",
-            "-k",
-            "4",
-            "--replay-cycles",
-            "7",
-            "-t",
-            "2",
-            "--json",
-            "-m",
-        ],
-        &[&model, Path::new("-o"), &run_dir],
-    )?;
+    let o = run(runs::LEDGER_REPLAY, &[&model, Path::new("-o"), &run_dir])?;
     expect(&o, &[0, 3], "ledger")?;
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).map_err(|e| e.to_string())?;
     if r["replay_b"].is_null() {

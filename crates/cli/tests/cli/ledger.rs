@@ -26,19 +26,7 @@ fn replay_keeps_outputs_and_a_failed_validation_fails_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let output = opledger()
-        .args([
-            "ledger",
-            "-r",
-            "3",
-            "-k",
-            "4",
-            "--replay-cycles",
-            "7",
-            "-t",
-            "2",
-            "--json",
-            "-m",
-        ])
+        .args(crate::runs::LEDGER_REPLAY)
         .arg(&model)
         .arg("-o")
         .arg(dir.path().join("ledger"))

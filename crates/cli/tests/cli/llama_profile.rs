@@ -289,15 +289,8 @@ fn isolation_is_calibrated_through_the_scheduler_and_the_callback() {
     let _machine = crate::machine::shared();
     let _backend = opledger_llama::Backend::init(false);
     let pool = opledger_llama::ThreadPool::new(2).unwrap();
-    // a view after every other working node, a third of them on one thread
     use opledger_llama::calibrate::Dispatch;
-    let pattern: Vec<Dispatch> = (0..96)
-        .map(|i| match i % 6 {
-            2 | 5 => Dispatch::Idle,
-            4 => Dispatch::OneThread,
-            _ => Dispatch::AllThreads,
-        })
-        .collect();
+    let pattern = crate::runs::isolation_pattern();
     let c = opledger_llama::calibrate::isolation_cost(&pool, &pattern, 5).unwrap();
     assert_eq!((c.nodes, c.working), (96, 64));
     assert_eq!(c.observed, 96 * 5, "every node went through the callback");

@@ -3,6 +3,8 @@
 
 #[path = "../../../report/tests/fixture/mod.rs"]
 mod fixture;
+#[path = "../shared/runs.rs"]
+mod runs;
 
 /// The machine the tests share. No test here asserts a timing statistic of a real engine (those
 /// are `scripts/acceptance`'s claims); the one test that compares two timings is the RPC link's,

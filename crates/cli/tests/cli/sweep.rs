@@ -71,19 +71,7 @@ fn a_sweep_covers_every_depth_and_fits_every_band() {
     let run = dir.path().join("sweep");
     Command::cargo_bin("opledger")
         .unwrap()
-        .args([
-            "sweep",
-            "-p",
-            "512",
-            "--max-depth",
-            "8192",
-            "-r",
-            "3",
-            "-t",
-            "2",
-            "-q",
-            "-m",
-        ])
+        .args(crate::runs::SWEEP_PREFILL)
         .arg(&model)
         .arg("-o")
         .arg(&run)
@@ -246,27 +234,9 @@ fn a_decode_sweep_measures_every_depth_after_its_chunk_and_fits_every_band() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let run = dir.path().join("decode");
-    // 8 steps of 4 sequences after every chunk: a tiny model's decode nodes do microseconds of
-    // work, so a step of four tokens keeps the work above what isolating a node costs
     Command::cargo_bin("opledger")
         .unwrap()
-        .args([
-            "sweep",
-            "-p",
-            "512",
-            "--max-depth",
-            "4096",
-            "-n",
-            "8",
-            "--parallel",
-            "4",
-            "-r",
-            "3",
-            "-t",
-            "2",
-            "-q",
-            "-m",
-        ])
+        .args(crate::runs::SWEEP_DECODE)
         .arg(&model)
         .arg("-o")
         .arg(&run)
