@@ -77,6 +77,37 @@ fn run_chromium(work: &Path, tag: &str, extra: &[String], page: &Path) -> (Strin
     }
 }
 
+/// Writes `html` as `<name>.html` in `work` and lays a copy carrying [`PROBE`] out in Chromium:
+/// the page's path, the DOM Chromium dumped and the probe's measures. Fails on any console
+/// message of the page.
+fn laid_out(work: &Path, name: &str, html: &str) -> (std::path::PathBuf, String, Probe) {
+    let page = work.join(format!("{name}.html"));
+    std::fs::write(&page, html).unwrap();
+    let probed = work.join(format!("{name}-probe.html"));
+    std::fs::write(
+        &probed,
+        html.replace("</body>", &format!("{PROBE}\n</body>")),
+    )
+    .unwrap();
+    let (dom, stderr) = run_chromium(
+        work,
+        &format!("{name}-dom"),
+        &[
+            "--enable-logging=stderr".into(),
+            "--v=0".into(),
+            "--dump-dom".into(),
+        ],
+        &probed,
+    );
+    assert!(
+        console_lines(&stderr).is_empty(),
+        "{name}: console messages:\n{}",
+        console_lines(&stderr).join("\n")
+    );
+    let p = probe(&dom);
+    (page, dom, p)
+}
+
 /// Console messages of the page in Chromium's log (`...:INFO:CONSOLE(3)] "Uncaught ..."`).
 fn console_lines(stderr: &str) -> Vec<&str> {
     stderr
@@ -202,32 +233,8 @@ fn html_reports_render_in_chromium_without_console_errors() {
                 .contains("http://"),
             "{kind}: the report links out"
         );
-        let page = work.path().join(format!("{kind}.html"));
-        std::fs::write(&page, &html).unwrap();
-        let probed = work.path().join(format!("{kind}-probe.html"));
-        std::fs::write(
-            &probed,
-            html.replace("</body>", &format!("{PROBE}\n</body>")),
-        )
-        .unwrap();
-
         // the page as Chromium lays it out
-        let (dom, stderr) = run_chromium(
-            work.path(),
-            &format!("{kind}-dom"),
-            &[
-                "--enable-logging=stderr".into(),
-                "--v=0".into(),
-                "--dump-dom".into(),
-            ],
-            &probed,
-        );
-        assert!(
-            console_lines(&stderr).is_empty(),
-            "{kind}: console messages:\n{}",
-            console_lines(&stderr).join("\n")
-        );
-        let p = probe(&dom);
+        let (page, _, p) = laid_out(work.path(), kind, &html);
         assert!(!p.svgs.is_empty(), "{kind}: no SVG in the page");
         for s in &p.svgs {
             assert!(
@@ -381,30 +388,7 @@ fn an_imported_gpu_trace_shows_both_clocks_in_chromium() {
     );
     let html =
         String::from_utf8(render(&view, Format::Html, &RenderOptions::default()).unwrap()).unwrap();
-    let page = work.path().join("device.html");
-    std::fs::write(&page, &html).unwrap();
-    let probed = work.path().join("device-probe.html");
-    std::fs::write(
-        &probed,
-        html.replace("</body>", &format!("{PROBE}\n</body>")),
-    )
-    .unwrap();
-    let (dom, stderr) = run_chromium(
-        work.path(),
-        "device-dom",
-        &[
-            "--enable-logging=stderr".into(),
-            "--v=0".into(),
-            "--dump-dom".into(),
-        ],
-        &probed,
-    );
-    assert!(
-        console_lines(&stderr).is_empty(),
-        "console messages:\n{}",
-        console_lines(&stderr).join("\n")
-    );
-    let p = probe(&dom);
+    let (page, dom, p) = laid_out(work.path(), "device", &html);
     // the first SVG is "Where the time goes": 6 bands x (host, device), every bar drawn (each
     // median is above 0: the smallest, network's host 0.0015 ms)
     let [w, h, bars, drawn, _] = p.svgs[0];

@@ -12,6 +12,17 @@ use crate::view::ProfileView;
 use opledger_core::device::DeviceStats;
 use opledger_core::stats::Spread;
 
+/// The run's test as llama-bench names it (`pp512`, `tg16 x4 @ d4096`), for a chart's title.
+fn test_name(v: &ProfileView) -> String {
+    let s = &v.summary;
+    crate::bench::test_name(
+        v.raw.config.work.chunk_tokens,
+        s.depth_tokens,
+        s.decode_tokens,
+        s.parallel,
+    )
+}
+
 pub(super) fn profile_chart(v: &ProfileView) -> BarChart {
     let s = &v.summary;
     if let Some(d) = &s.device {
@@ -21,12 +32,7 @@ pub(super) fn profile_chart(v: &ProfileView) -> BarChart {
         title: format!(
             "{} · ms per token by band · {}",
             v.manifest.model_label(),
-            crate::bench::test_name(
-                v.raw.config.work.chunk_tokens,
-                s.depth_tokens,
-                s.decode_tokens,
-                s.parallel
-            )
+            test_name(v)
         ),
         unit: "ms per token (band share of the TIMED time × FUSED wall / tokens); whiskers: range over cycles".into(),
         legend: Vec::new(),
@@ -52,7 +58,6 @@ pub(super) fn profile_chart(v: &ProfileView) -> BarChart {
 /// An imported trace with device activity: per band a host bar (the spans' self time as read)
 /// and a device bar (the activity they launched), one scale, whiskers over steps.
 fn clocks_chart(v: &ProfileView, d: &DeviceStats) -> BarChart {
-    let s = &v.summary;
     let bar = |x: &Spread, colour: &str| Bar {
         value: x.median,
         colour: colour.to_string(),
@@ -62,12 +67,7 @@ fn clocks_chart(v: &ProfileView, d: &DeviceStats) -> BarChart {
         title: format!(
             "{} · ms per token by band, host and device · {}",
             v.manifest.model_label(),
-            crate::bench::test_name(
-                v.raw.config.work.chunk_tokens,
-                s.depth_tokens,
-                s.decode_tokens,
-                s.parallel
-            )
+            test_name(v)
         ),
         unit: "ms per token · host: the spans' self time · device: the activity they launched · whiskers: range over steps".into(),
         legend: vec![
