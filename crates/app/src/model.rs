@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use opledger_core::arch::{ArchInfo, Metadata};
-use opledger_gguf::{ArchCheck, GgufFile, LlamaLoadable, Value, WellFormed};
+use opledger_gguf::{ArchCheck, GgufFile, LlamaBuild, LlamaLoadable, Value, WellFormed};
 use serde::Serialize;
 
 /// A validated model file and what opledger knows of it.
@@ -53,8 +53,14 @@ impl ModelFile {
     /// Validates `path` (structure, then what llama.cpp requires of its architecture) and
     /// reads its architecture. Errors name the file.
     pub fn open(path: &Path) -> Result<ModelFile> {
+        ModelFile::open_for(path, LlamaBuild::Vendored)
+    }
+
+    /// [`ModelFile::open`] for `build`: through a worker of another llama.cpp, which
+    /// architectures load is that build's answer (`opledger_gguf::LlamaBuild`).
+    pub fn open_for(path: &Path, build: LlamaBuild) -> Result<ModelFile> {
         let gguf = GgufFile::open(path)?;
-        let llama = LlamaLoadable::gate(&gguf)?;
+        let llama = LlamaLoadable::gate_for(&gguf, build)?;
         let arch = ArchInfo::from_metadata(&GgufMetadata(&gguf))
             .with_context(|| format!("{}: reading the architecture", path.display()))?;
         Ok(ModelFile {

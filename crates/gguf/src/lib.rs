@@ -21,6 +21,8 @@ pub use synth::{
     SynthOptions, SynthReport,
 };
 pub use types::{GgmlType, ParseGgmlTypeError};
-pub use validate::{validate_for_llama, ArchCheck, LlamaLoadable, WellFormed};
+pub use validate::{
+    validate_for_llama, validate_for_llama_build, ArchCheck, LlamaBuild, LlamaLoadable, WellFormed,
+};
 pub use value::{Array, Value, ValueType};
 pub use writer::{GgufWriter, Layout, TensorSpec};

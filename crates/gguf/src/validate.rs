@@ -54,10 +54,29 @@ pub struct LlamaLoadable {
     check: ArchCheck,
 }
 
+/// Which llama.cpp a file is gated for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LlamaBuild {
+    /// The llama.cpp opledger vendors (llama-cpp-sys-2), whose architectures
+    /// [`crate::llama_archs`] lists.
+    Vendored,
+    /// Another build (a user's tree, through its own worker): which architectures load is that
+    /// build's answer. An architecture the vendored table does not load passes with a note, and
+    /// the build's own loader refuses it or not; the checks of the architectures the vendored
+    /// llama.cpp loads still run.
+    Other,
+}
+
 impl LlamaLoadable {
-    /// Runs the gate on a file already read (structure checked by [`GgufFile::open`]).
+    /// Runs the gate on a file already read (structure checked by [`GgufFile::open`]), for the
+    /// vendored llama.cpp.
     pub fn gate(file: &GgufFile) -> Result<LlamaLoadable, GgufError> {
-        let check = validate_for_llama(file)?;
+        LlamaLoadable::gate_for(file, LlamaBuild::Vendored)
+    }
+
+    /// Runs the gate for `build`.
+    pub fn gate_for(file: &GgufFile, build: LlamaBuild) -> Result<LlamaLoadable, GgufError> {
+        let check = validate_for_llama_build(file, build)?;
         Ok(LlamaLoadable {
             path: file.path.clone(),
             check,
@@ -107,6 +126,16 @@ impl WellFormed {
 /// file's own metadata implies, and every tensor of a type the CPU backend computes. The first
 /// problem found is the error; it names the file and the key or tensor.
 pub fn validate_for_llama(file: &GgufFile) -> Result<ArchCheck, GgufError> {
+    validate_for_llama_build(file, LlamaBuild::Vendored)
+}
+
+/// [`validate_for_llama`] for `build`: for another build, an architecture the vendored
+/// llama.cpp does not load is not refused here (that build's loader answers), and the file's
+/// structure is all opledger checked of it.
+pub fn validate_for_llama_build(
+    file: &GgufFile,
+    build: LlamaBuild,
+) -> Result<ArchCheck, GgufError> {
     file.check_packed()?;
     let keys = Keys { file };
     let arch_name = keys.string("general.architecture", "llama.cpp")?;
@@ -115,7 +144,20 @@ pub fn validate_for_llama(file: &GgufFile) -> Result<ArchCheck, GgufError> {
         arch: arch_name.to_string(),
         reason,
     };
-    match llama_support(arch_name) {
+    let support = llama_support(arch_name);
+    if build == LlamaBuild::Other && !matches!(support, LlamaSupport::Loads) {
+        return Ok(ArchCheck {
+            arch: arch_name.to_string(),
+            tensors_planned: false,
+            tensors_checked: 0,
+            notes: vec![format!(
+                "'{arch_name}' is not an architecture the vendored llama.cpp (llama-cpp-sys-2 \
+                 {LLAMA_CPP_SYS_VERSION}) loads: opledger checked the file's structure only, \
+                 and whether it loads is the answer of the worker's own llama.cpp"
+            )],
+        });
+    }
+    match support {
         LlamaSupport::Loads => {}
         LlamaSupport::Refuses(why) => {
             return Err(refused(format!(

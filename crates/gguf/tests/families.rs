@@ -11,7 +11,8 @@ use std::io::Cursor;
 
 use common::*;
 use opledger_gguf::{
-    validate_for_llama, ArchCheck, Array, GgmlType, GgufError, GgufFile, TensorSpec, Value,
+    validate_for_llama, validate_for_llama_build, ArchCheck, Array, GgmlType, GgufError, GgufFile,
+    LlamaBuild, TensorSpec, Value,
 };
 
 fn gate(name: &str, bytes: &[u8]) -> Result<ArchCheck, GgufError> {
@@ -565,6 +566,53 @@ fn architectures_llama_cpp_does_not_load_are_refused_by_name() {
             assert!(msg.contains(w), "{arch}: '{w}' not in {msg}");
         }
     }
+}
+
+/// Through a worker of another llama.cpp build, which architectures load is that build's
+/// answer: a name the vendored table does not load passes with a note saying so, while the
+/// checks of an architecture the vendored llama.cpp loads (an abort it would meet) still run.
+#[test]
+fn another_build_decides_which_architectures_load_and_the_known_checks_stay() {
+    let other = |bytes: &[u8]| {
+        let f = GgufFile::read_from(Cursor::new(bytes.to_vec()), "other.gguf").unwrap();
+        validate_for_llama_build(&f, LlamaBuild::Other)
+    };
+    for arch in ["notanarch", "clip", "gptj"] {
+        let bytes = micro_file(
+            &MICRO_LLAMA,
+            |m| set(m, "general.architecture", Value::String(arch.into())),
+            |_| {},
+        );
+        // the vendored gate refuses it ...
+        assert!(gate("other", &bytes).is_err(), "{arch}");
+        // ... another build's gate lets its loader answer, and says what was checked
+        let c = other(&bytes).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        assert_eq!(c.arch, arch);
+        assert!(!c.tensors_planned);
+        assert_eq!(c.tensors_checked, 0);
+        assert_eq!(c.notes.len(), 1, "{:?}", c.notes);
+        assert!(
+            c.notes[0].contains(&format!(
+                "'{arch}' is not an architecture the vendored llama.cpp"
+            )) && c.notes[0].contains("the answer of the worker's own llama.cpp"),
+            "{}",
+            c.notes[0]
+        );
+    }
+    // an architecture both know: the same checks, the same refusal
+    let gemma2 = family_file("gemma2", |m| {
+        set(m, "gemma2.attention.sliding_window_pattern", Value::U32(1))
+    });
+    let vendored = gate("other", &gemma2).unwrap_err().to_string();
+    let through_other = other(&gemma2).unwrap_err().to_string();
+    assert_eq!(vendored, through_other);
+    assert!(
+        vendored.contains("leaves none of the 2 layers with a sliding window"),
+        "{vendored}"
+    );
+    // and a file both load is checked alike
+    let fine = family_file("gemma2", |_| {});
+    assert_eq!(gate("other", &fine).unwrap(), other(&fine).unwrap());
 }
 
 #[test]

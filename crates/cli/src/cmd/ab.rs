@@ -166,7 +166,12 @@ pub fn run_ab(args: AbArgs) -> Result<ExitCode> {
     let b: Knobs = args.b.parse().context("--b")?;
     check_knob_threads("--a", &a)?;
     check_knob_threads("--b", &b)?;
-    let file = args.model.open(EngineKind::LlamaCpp)?;
+    // a side in a worker of another build: that build says which architectures load
+    let other_build = args.model.llama_worker.is_some()
+        || [&a, &b]
+            .iter()
+            .any(|k| k.get("worker").is_some_and(|w| w != "embedded"));
+    let file = args.model.open_for(EngineKind::LlamaCpp, other_build)?;
     let bands = Bands::load(None, &file.arch.arch)?;
     let cfg = args.work.config(args.pairs, args.work.scenarios());
     let out = opledger_app::manifest::run_path(args.output.as_deref(), "ab", file.path());

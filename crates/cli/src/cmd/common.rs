@@ -131,9 +131,21 @@ impl ModelArgs {
     /// Validates the file in Rust before any C code sees it, as `engine` needs (llama.cpp's
     /// gate, or the structure only), and prints what the gate noted.
     pub fn open(&self, engine: EngineKind) -> Result<ModelFile> {
+        self.open_for(engine, self.llama_worker.is_some())
+    }
+
+    /// [`ModelArgs::open`], where `other_build` says that a worker of another llama.cpp build
+    /// loads the model (`--llama-worker`, an A/B side's `worker=`): which architectures load is
+    /// then that build's answer, and the gate checks what the vendored llama.cpp loads only.
+    pub fn open_for(&self, engine: EngineKind, other_build: bool) -> Result<ModelFile> {
         let path = self.path()?;
+        let build = if other_build {
+            opledger_gguf::LlamaBuild::Other
+        } else {
+            opledger_gguf::LlamaBuild::Vendored
+        };
         let file = if engine.needs_llama_gate() {
-            ModelFile::open(&path)?
+            ModelFile::open_for(&path, build)?
         } else {
             ModelFile::open_structural(&path)?
         };

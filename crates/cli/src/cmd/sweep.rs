@@ -79,7 +79,12 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
             settings.threads = super::flags::check_threads(sweep.threads(), super::flags::cpus())
                 .map_err(|e| anyhow::anyhow!("{}: resuming: {e}", dir.display()))?;
             let file = if kind.needs_llama_gate() {
-                ModelFile::open(&sweep.model_path)?
+                let build = if args.model.llama_worker.is_some() {
+                    opledger_gguf::LlamaBuild::Other
+                } else {
+                    opledger_gguf::LlamaBuild::Vendored
+                };
+                ModelFile::open_for(&sweep.model_path, build)?
             } else {
                 ModelFile::open_structural(&sweep.model_path)?
             };

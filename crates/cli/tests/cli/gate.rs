@@ -182,6 +182,72 @@ fn profile_refuses_unknown_architectures_and_family_aborts_before_llama_cpp() {
     );
 }
 
+/// Through a worker of another build, an architecture the vendored llama.cpp does not know is
+/// that build's to load or refuse: the gate lets it through with a note, and the worker's own
+/// llama.cpp refuses it in its words (this worker is of the vendored sources, so it refuses),
+/// the worker named, no run folder presented as complete.
+#[test]
+fn through_another_build_the_worker_s_llama_cpp_decides_which_architectures_load() {
+    let _machine = crate::machine::shared();
+    let dir = tempfile::tempdir().unwrap();
+    // a llama under a new name, its keys under that name as a new architecture's would be
+    let unknown = dir.path().join("unknown-arch.gguf");
+    write_edited(
+        &unknown,
+        "tiny-llama",
+        |m| {
+            for (k, v) in m.iter_mut() {
+                if k == "general.architecture" {
+                    *v = Value::String("llama5".into());
+                } else if let Some(rest) = k.strip_prefix("llama.") {
+                    *k = format!("llama5.{rest}");
+                }
+            }
+        },
+        |_| {},
+    );
+    let worker = crate::worker::worker();
+    let out = dir.path().join("run");
+    let o = std::process::Command::new(assert_cmd::cargo::cargo_bin("opledger"))
+        .args([
+            "profile",
+            "-p",
+            "8",
+            "-r",
+            "1",
+            "-q",
+            "--no-noise-gate",
+            "-m",
+        ])
+        .arg(&unknown)
+        .arg("-o")
+        .arg(&out)
+        .arg("--llama-worker")
+        .arg(&worker)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("note: 'llama5' is not an architecture the vendored llama.cpp"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&worker.display().to_string()) && err.contains("refused 'load'"),
+        "{err}"
+    );
+    assert!(
+        err.contains("unknown model architecture: 'llama5'"),
+        "{err}"
+    );
+    // the model is bad input for that build (README "Exit codes": 2), not a worker fault
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        !out.exists() || out.join("INCOMPLETE").exists(),
+        "{} is presented as complete",
+        out.display()
+    );
+}
+
 #[test]
 fn profile_prints_the_gates_notes_to_stderr_before_measuring() {
     let _machine = crate::machine::shared();
