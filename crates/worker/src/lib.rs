@@ -10,6 +10,7 @@
 //! the child is always reaped.
 #![forbid(unsafe_code)]
 
+pub mod bundled;
 pub mod engine;
 pub mod process;
 pub mod protocol;
