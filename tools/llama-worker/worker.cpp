@@ -7,6 +7,7 @@
 // device buffer is not host memory); logits through llama_get_logits_ith (host copies).
 
 #include "worker.h"
+#include "rpc_server.h"
 
 #if !defined(_WIN32)
 extern char ** environ;
@@ -529,6 +530,20 @@ static void handle(Worker & w, const Json & req, std::string & out) {
 }
 
 int main(int argc, char ** argv) {
+    // `--rpc-server HOST:PORT [--threads N]`: serve this machine's CPU (rpc_server.cpp)
+    if (argc >= 3 && strcmp(argv[1], "--rpc-server") == 0) {
+        int threads = 1;
+        if (argc == 5 && strcmp(argv[3], "--threads") == 0) {
+            threads = atoi(argv[4]);
+        } else if (argc != 3) {
+            fprintf(stderr, "usage: %s --rpc-server HOST:PORT [--threads N]\n", argv[0]);
+            return 2;
+        }
+        g_verbose = true;
+        llama_log_set(log_cb, nullptr);
+        ggml_backend_load_all();
+        return serve_rpc(argv[2], threads);
+    }
     for (int k = 1; k < argc; k++) {
         if (strcmp(argv[k], "--verbose") == 0) {
             g_verbose = true;

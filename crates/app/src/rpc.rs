@@ -6,20 +6,23 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 /// Serves this machine's CPU as a remote device on `host:port` with `threads` threads (ggml's own
-/// RPC server: one client at a time). Returns only when the server cannot start or stops.
-#[cfg(feature = "llama")]
+/// RPC server: one client at a time), in a process of the bundled llama.cpp worker
+/// (`opledger-llama-worker --rpc-server`): opledger links no llama.cpp of its own. Returns only
+/// when the server cannot start or stops, with the worker's exit status or signal.
 pub fn serve(host: &str, port: u16, threads: u32) -> Result<()> {
-    let backend = opledger_llama::Backend::init(false);
-    Ok(opledger_llama::rpc::serve(
-        &backend,
-        &format!("{host}:{port}"),
-        threads,
-    )?)
-}
-
-#[cfg(not(feature = "llama"))]
-pub fn serve(_host: &str, _port: u16, _threads: u32) -> Result<()> {
-    anyhow::bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
+    let worker = opledger_worker::bundled::path().map_err(anyhow::Error::msg)?;
+    let status = std::process::Command::new(&worker)
+        .arg("--rpc-server")
+        .arg(format!("{host}:{port}"))
+        .arg("--threads")
+        .arg(threads.max(1).to_string())
+        .status()
+        .map_err(|e| anyhow::anyhow!("the llama.cpp worker {} cannot be started: {e}", worker.display()))?;
+    anyhow::bail!(
+        "the RPC server on {host}:{port} (the llama.cpp worker {}) stopped: {}",
+        worker.display(),
+        opledger_worker::process::describe_status(status)
+    )
 }
 
 /// From now on, a remote device that fails (ggml's RPC client aborts on a closed connection or

@@ -328,7 +328,7 @@ impl Drop for WorkerProcess {
 }
 
 /// An exit status in words: `exited with status 3`, `was killed by signal 11 (SIGSEGV)`.
-fn describe_status(s: std::process::ExitStatus) -> String {
+pub fn describe_status(s: std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     if let Some(sig) = s.signal() {
         let name = match sig {
