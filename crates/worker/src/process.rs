@@ -356,21 +356,19 @@ impl WorkerProcess {
                 return Err(self.fail(what));
             };
             // at most the bound and one byte past it: a line without end is not read whole
+            let mut chunk = [0u8; 1 << 16];
             let room = (self.line_bound + 1)
                 .saturating_sub(self.pending.len())
-                .clamp(1, 1 << 20);
-            let len = self.pending.len();
-            self.pending.resize(len + room, 0);
+                .clamp(1, chunk.len());
             let read = ch
                 .set_read_timeout(Some(left))
-                .and_then(|_| ch.read(&mut self.pending[len..]));
-            self.pending.truncate(len + *read.as_ref().unwrap_or(&0));
+                .and_then(|_| ch.read(&mut chunk[..room]));
             match read {
                 Ok(0) => {
                     let what = self.ended(&format!("while waiting for {waiting_for}"));
                     return Err(self.fail(what));
                 }
-                Ok(_) => {}
+                Ok(n) => self.pending.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == ErrorKind::Interrupted || is_timeout(&e) => {}
                 Err(e) => {
                     let what = format!(
@@ -730,6 +728,19 @@ mod tests {
                 "{name}: {msg}"
             );
         }
+    }
+
+    /// An answer of many reads (3 MB, a captured graph's size) is one line, whole.
+    #[test]
+    fn a_long_honest_answer_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = "read req <&3\n{ printf '{\"id\":1,\"ok\":true,\"x\":\"'; head -c 3000000 /dev/zero | tr '\\0' 7; printf '\"}\\n'; } >&3\nread req <&3";
+        let w = sh_worker(dir.path(), "graph", "", body);
+        let mut p = launch(&w, 20, LINE_BOUND).unwrap();
+        let v = ask(&mut p, "decode").unwrap();
+        let x = v["x"].as_str().unwrap();
+        assert_eq!(x.len(), 3_000_000);
+        assert!(x.bytes().all(|b| b == b'7'));
     }
 
     /// A worker killed by SIGILL is told apart: the message says what that usually means and
