@@ -1,5 +1,5 @@
-// opledger-llama-worker: the measurement worker opledger drives over a pipe, compiled inside the
-// user's own llama.cpp tree. It loads, captures, runs, times and hashes; it never bands,
+// opledger-llama-worker: the measurement worker opledger drives over a channel of its own,
+// compiled in the user's own llama.cpp tree. It loads, captures, runs, times and hashes; it never bands,
 // summarises or judges (that is opledger's). The protocol is PROTOCOL.md beside this file.
 //
 // Only llama.cpp's public headers are used (llama.h, which brings ggml.h, ggml-cpu.h and
@@ -8,6 +8,10 @@
 
 #include "worker.h"
 #include "rpc_server.h"
+
+#include <cerrno>
+#include <fcntl.h>
+#include <unistd.h>
 
 #if !defined(_WIN32)
 extern char ** environ;
@@ -23,7 +27,7 @@ extern char ** environ;
 #define OPLEDGER_WORKER_BUILD_OPTIONS ""
 #endif
 
-static const int PROTOCOL_VERSION = 2;
+static const int PROTOCOL_VERSION = 3;
 
 // ---------------------------------------------------------------------------------------------
 // Requests.
@@ -529,6 +533,63 @@ static void handle(Worker & w, const Json & req, std::string & out) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The channel: requests and answers travel on a file descriptor opledger hands the worker (one
+// end of a Unix socket pair, `--channel-fd 3`), never on stdout or stdin, so that whatever
+// llama.cpp, a backend or a stray printf writes to stdout or stderr cannot touch the protocol.
+
+struct Channel {
+    int fd = -1;
+    std::string buf;  // bytes read and not yet returned as a line
+
+    // The next line without its newline; false at the end of the stream or on an error.
+    bool read_line(std::string & line) {
+        for (;;) {
+            size_t nl = buf.find('\n');
+            if (nl != std::string::npos) {
+                line.assign(buf, 0, nl);
+                buf.erase(0, nl + 1);
+                return true;
+            }
+            char chunk[65536];
+            ssize_t n = read(fd, chunk, sizeof chunk);
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            if (n <= 0) {
+                return false;
+            }
+            buf.append(chunk, (size_t) n);
+        }
+    }
+
+    // Writes all of `s`; false when the channel is closed.
+    bool write_all(const std::string & s) {
+        size_t at = 0;
+        while (at < s.size()) {
+            ssize_t n = write(fd, s.data() + at, s.size() - at);
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            if (n <= 0) {
+                return false;
+            }
+            at += (size_t) n;
+        }
+        return true;
+    }
+};
+
+static int usage(const char * argv0, const char * why) {
+    fprintf(stderr,
+            "%s: %s\n"
+            "usage: %s --channel-fd FD [--verbose]   (how opledger runs it: requests and answers on FD)\n"
+            "       %s --hello                       (prints the hello line on stdout and exits)\n"
+            "This worker is driven by opledger (opledger profile --llama-worker PATH); see PROTOCOL.md.\n",
+            argv0, why, argv0, argv0);
+    return 2;
+}
+
 int main(int argc, char ** argv) {
     // `--rpc-server HOST:PORT [--threads N]`: serve this machine's CPU (rpc_server.cpp)
     if (argc >= 3 && strcmp(argv[1], "--rpc-server") == 0) {
@@ -544,38 +605,56 @@ int main(int argc, char ** argv) {
         ggml_backend_load_all();
         return serve_rpc(argv[2], threads);
     }
+    bool hello_only = false;
+    int channel_fd = -1;
     for (int k = 1; k < argc; k++) {
         if (strcmp(argv[k], "--verbose") == 0) {
             g_verbose = true;
         } else if (strcmp(argv[k], "--hello") == 0) {
-            // print the hello line and exit (what `opledger worker-info` shows)
+            hello_only = true;
+        } else if (strcmp(argv[k], "--channel-fd") == 0 && k + 1 < argc) {
+            char * end = nullptr;
+            long fd = strtol(argv[++k], &end, 10);
+            if (end == argv[k] || *end != '\0' || fd < 0 || fd > 65535) {
+                return usage(argv[0], "--channel-fd takes a file descriptor number");
+            }
+            channel_fd = (int) fd;
         } else {
-            fprintf(stderr, "usage: %s [--verbose] [--hello]\n(driven by opledger over stdin/stdout; see PROTOCOL.md)\n",
-                    argv[0]);
-            return 2;
+            return usage(argv[0], (std::string("unknown argument '") + argv[k] + "'").c_str());
         }
+    }
+    if (!hello_only && channel_fd < 0) {
+        return usage(argv[0], "no channel: it is run by opledger with --channel-fd, or with --hello");
+    }
+    if (!hello_only && fcntl(channel_fd, F_GETFD) < 0) {
+        return usage(argv[0], ("--channel-fd " + std::to_string(channel_fd) + " is not an open file descriptor").c_str());
+    }
+    if (!hello_only) {
+        // the channel is the worker's own: no process it starts inherits it
+        fcntl(channel_fd, F_SETFD, FD_CLOEXEC);
     }
     llama_log_set(log_cb, nullptr);
     ggml_backend_load_all();
     llama_backend_init();
-    std::ios::sync_with_stdio(false);
-    {
-        std::string h = hello();
+    if (hello_only) {
+        // what a person reads
+        std::string h = hello() + "\n";
         fwrite(h.data(), 1, h.size(), stdout);
-        fputc('\n', stdout);
         fflush(stdout);
+        llama_backend_free();
+        return 0;
     }
-    for (int k = 1; k < argc; k++) {
-        if (strcmp(argv[k], "--hello") == 0) {
-            llama_backend_free();
-            return 0;
-        }
+    Channel ch;
+    ch.fd = channel_fd;
+    if (!ch.write_all(hello() + "\n")) {
+        llama_backend_free();
+        return 1;
     }
     int status = 0;
     {
     Worker w;
     std::string line;
-    while (std::getline(std::cin, line)) {
+    while (ch.read_line(line)) {
         if (line.empty()) {
             continue;
         }
@@ -602,8 +681,11 @@ int main(int argc, char ** argv) {
             json_str(out, e.what());
         }
         out += "}\n";
-        fwrite(out.data(), 1, out.size(), stdout);
-        fflush(stdout);
+        if (!ch.write_all(out)) {
+            // opledger closed its end: nobody reads the answers
+            status = 1;
+            break;
+        }
         if (quit) {
             break;
         }

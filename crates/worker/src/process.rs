@@ -1,15 +1,26 @@
-//! The worker process: started, greeted, asked one request at a time with a timeout, and always
-//! reaped. Every fault names the worker and what it did.
+//! The worker process: started with a channel of its own, greeted, asked one request at a time
+//! with a timeout on every write and read, and always reaped. Every fault names the worker and
+//! what it did.
+//!
+//! The channel is one end of a Unix socket pair, given to the child as its file descriptor 3
+//! (`--channel-fd 3`); requests and answers both travel on it. The child's stdout and stderr are
+//! pipes that two threads drain as bytes for as long as the child lives, keeping their last lines
+//! for error messages (and passing them through to this process's stderr with `--verbose`): what
+//! llama.cpp, a backend or a stray `printf` writes there cannot touch the protocol, and a full
+//! pipe never blocks the worker.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::protocol::{parse_answer, parse_hello, Answer, Hello, ProtocolError};
+use command_fds::{CommandFdExt, FdMapping};
+
+use crate::protocol::{excerpt, parse_answer, parse_hello, Answer, Hello, ProtocolError};
 
 /// A fault of the worker, or a request it refused. `Fault` ends the run (README "Exit codes":
 /// the worker failed); `Refused` is the worker's own error answer (llama.cpp refused the model,
@@ -48,13 +59,47 @@ impl WorkerError {
     }
 }
 
+/// The child's file descriptor of the channel (`--channel-fd`).
+pub const CHANNEL_FD: i32 = 3;
+
+/// The longest line the worker may write on its channel, in bytes: 2 GiB. The largest honest
+/// answer is `logits` of every position of a 512-token chunk over a vocabulary of 150,000:
+/// 76.8 million values of at most 16 bytes each (`%.9g` and a comma: `-1.17549435e-38,`), 1.2 GB;
+/// a captured graph of a 40-layer model is a few MB. A line longer than this is a worker that
+/// writes without end, and is stopped before it fills this process's memory.
+pub const LINE_BOUND: usize = 2 << 30;
+
+// logits of every position of a 512-token chunk over 150,000 values, each at most 16 bytes, the
+// rows' brackets and the answer's other fields fit in the bound
+const _: () = assert!(LINE_BOUND >= 512 * 150_000 * 16 + 512 * 3 + 64);
+
+/// The environment variable that lowers the line bound, for tests that write a line past it
+/// without writing gigabytes (a number of bytes).
+pub const LINE_BOUND_ENV: &str = "OPLEDGER_WORKER_LINE_BOUND";
+
+/// Lines of the worker's stdout and of its stderr kept for error messages.
+const TAIL_LINES: usize = 12;
+
+/// Bytes of one stdout or stderr line kept for error messages (the rest is dropped).
+const TAIL_LINE_BYTES: usize = 1000;
+
+/// The last lines of one of the worker's output streams, as a drain keeps them.
+type Tail = Arc<Mutex<VecDeque<String>>>;
+
 /// A running worker.
 pub struct WorkerProcess {
     path: PathBuf,
     child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<std::io::Result<String>>,
-    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    /// This process's end of the channel; `None` once closed.
+    channel: Option<UnixStream>,
+    /// Bytes read from the channel and not yet returned as a line.
+    pending: Vec<u8>,
+    /// How many bytes at the start of `pending` hold no newline.
+    scanned: usize,
+    line_bound: usize,
+    stdout_tail: Tail,
+    stderr_tail: Tail,
+    drains: Vec<JoinHandle<()>>,
     next_id: u64,
     timeout: Duration,
     hello: Hello,
@@ -62,18 +107,31 @@ pub struct WorkerProcess {
     dead: Option<String>,
 }
 
-/// Lines of the worker's stderr kept for error messages.
-const STDERR_LINES: usize = 12;
-
 impl WorkerProcess {
     /// Starts the worker at `path` and reads its hello (within `timeout`, as every request).
-    /// `verbose` passes llama.cpp's log through to this process's stderr; `env` is set in the
-    /// worker's environment over this process's (a backend's runtime switches).
+    /// `verbose` passes the worker's stdout and stderr (llama.cpp's log) through to this
+    /// process's stderr; `env` is set in the worker's environment over this process's (a
+    /// backend's runtime switches).
     pub fn start(
         path: &Path,
         timeout: Duration,
         verbose: bool,
         env: &BTreeMap<String, String>,
+    ) -> Result<WorkerProcess, WorkerError> {
+        let bound = line_bound().map_err(|why| WorkerError::Start {
+            worker: path.to_path_buf(),
+            why,
+        })?;
+        Self::launch(path, timeout, verbose, env, bound)
+    }
+
+    /// [`WorkerProcess::start`] with the line bound given.
+    fn launch(
+        path: &Path,
+        timeout: Duration,
+        verbose: bool,
+        env: &BTreeMap<String, String>,
+        line_bound: usize,
     ) -> Result<WorkerProcess, WorkerError> {
         let start_err = |why: String| WorkerError::Start {
             worker: path.to_path_buf(),
@@ -91,61 +149,47 @@ impl WorkerProcess {
                 ));
             }
         }
+        let (ours, theirs) = UnixStream::pair()
+            .map_err(|e| start_err(format!("no socket pair for its channel: {e}")))?;
         let mut cmd = Command::new(path);
         cmd.envs(env);
+        cmd.arg("--channel-fd").arg(CHANNEL_FD.to_string());
         if verbose {
             cmd.arg("--verbose");
         }
-        let mut child = cmd
-            .stdin(Stdio::piped())
+        cmd.fd_mappings(vec![FdMapping {
+            parent_fd: theirs.into(),
+            child_fd: CHANNEL_FD,
+        }])
+        .map_err(|e| start_err(format!("{e}")))?;
+        let spawned = cmd
+            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| start_err(format!("{e}")))?;
-        let stdout = child.stdout.take().expect("piped stdout");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            loop {
-                let mut line = String::new();
-                match r.read_line(&mut line) {
-                    Ok(0) => break,
-                    Ok(_) => {
-                        if tx.send(Ok(line)).is_err() {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                        break;
-                    }
-                }
-            }
-        });
-        let tail = Arc::new(Mutex::new(VecDeque::new()));
-        let tail_w = tail.clone();
-        std::thread::spawn(move || {
-            let r = BufReader::new(stderr);
-            for line in r.lines() {
-                let Ok(line) = line else { break };
-                if verbose {
-                    eprintln!("{line}");
-                }
-                if let Ok(mut t) = tail_w.lock() {
-                    t.push_back(line);
-                    while t.len() > STDERR_LINES {
-                        t.pop_front();
-                    }
-                }
-            }
-        });
+            .spawn();
+        // the command holds the child's end of the channel: closed here, so that the channel
+        // reads the end of its stream as soon as the child is gone
+        drop(cmd);
+        let mut child = spawned.map_err(|e| start_err(format!("{e}")))?;
+        let stdout_tail = Tail::default();
+        let stderr_tail = Tail::default();
+        let mut drains = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            drains.push(drain(out, stdout_tail.clone(), verbose));
+        }
+        if let Some(err) = child.stderr.take() {
+            drains.push(drain(err, stderr_tail.clone(), verbose));
+        }
         let mut p = WorkerProcess {
             path: path.to_path_buf(),
-            stdin: child.stdin.take(),
             child,
-            lines: rx,
-            stderr_tail: tail,
+            channel: Some(ours),
+            pending: Vec::new(),
+            scanned: 0,
+            line_bound,
+            stdout_tail,
+            stderr_tail,
+            drains,
             next_id: 1,
             timeout,
             // read right below, before the process is handed out
@@ -153,7 +197,7 @@ impl WorkerProcess {
             dead: None,
         };
         let line = p.read_line("its hello")?;
-        p.hello = parse_hello(line.trim_end()).map_err(|problem| {
+        p.hello = parse_hello(&line).map_err(|problem| {
             p.dead = Some(problem.to_string());
             p.kill();
             WorkerError::Protocol {
@@ -182,15 +226,21 @@ impl WorkerProcess {
         self.timeout = timeout;
     }
 
-    /// Sends request `op` with `fields` and reads its answer as `T`.
+    /// The longest answer line accepted, in bytes ([`LINE_BOUND`] unless lowered).
+    pub fn line_bound(&self) -> usize {
+        self.line_bound
+    }
+
+    /// Sends request `op` with `fields` and reads its answer as `T`, each within the timeout.
     pub fn request<T: serde::de::DeserializeOwned>(
         &mut self,
         op: &str,
         mut fields: serde_json::Map<String, serde_json::Value>,
     ) -> Result<T, WorkerError> {
+        let what = describe_request(op, &fields);
         if let Some(why) = &self.dead {
             return Err(self.fault(format!(
-                "failed earlier ({why}); nothing more is asked of it"
+                "failed earlier ({why}); {what} is not sent, nor anything more"
             )));
         }
         let id = self.next_id;
@@ -199,17 +249,24 @@ impl WorkerProcess {
         fields.insert("op".into(), op.into());
         let mut line = serde_json::Value::Object(fields).to_string();
         line.push('\n');
-        let sent = self
-            .stdin
-            .as_mut()
-            .map(|s| s.write_all(line.as_bytes()).and_then(|_| s.flush()));
-        if !matches!(sent, Some(Ok(()))) {
-            // a closed pipe: the worker is gone; say how it ended
-            let what = self.ended(&format!("'{op}' was sent"));
-            return Err(self.fail(what));
+        let deadline = Instant::now() + self.timeout;
+        match self.send(line.as_bytes(), deadline) {
+            Ok(()) => {}
+            Err(e) if is_timeout(&e) => {
+                let what = format!(
+                    "did not read {what} within {:.0} s and was stopped (it stopped reading its channel)",
+                    self.timeout.as_secs_f64()
+                );
+                return Err(self.fail(what));
+            }
+            Err(e) => {
+                // a closed channel: the worker is gone; say how it ended
+                let what = self.ended(&format!("when {what} was sent ({e})"));
+                return Err(self.fail(what));
+            }
         }
-        let answer = self.read_line(&format!("'{op}'"))?;
-        match parse_answer::<T>(answer.trim_end(), id) {
+        let answer = self.read_line(&what)?;
+        match parse_answer::<T>(&answer, id) {
             Ok(Answer::Ok(t)) => Ok(t),
             Ok(Answer::Refused(why)) => Err(WorkerError::Refused {
                 worker: self.path.clone(),
@@ -221,37 +278,119 @@ impl WorkerProcess {
                 self.kill();
                 Err(WorkerError::Protocol {
                     worker: self.path.clone(),
-                    problem,
+                    problem: in_answer_to(problem, &what),
                 })
             }
         }
     }
 
-    /// The next line of the worker's stdout, within the timeout.
+    /// Writes `bytes` to the channel by `deadline`.
+    fn send(&mut self, bytes: &[u8], deadline: Instant) -> std::io::Result<()> {
+        let Some(ch) = self.channel.as_mut() else {
+            return Err(ErrorKind::BrokenPipe.into());
+        };
+        let mut at = 0;
+        while at < bytes.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ErrorKind::TimedOut.into());
+            }
+            ch.set_write_timeout(Some(left))?;
+            match ch.write(&bytes[at..]) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => at += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted || is_timeout(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// The next line of the channel (without its newline), within the timeout and the line
+    /// bound.
     fn read_line(&mut self, waiting_for: &str) -> Result<String, WorkerError> {
         let t0 = Instant::now();
-        match self.lines.recv_timeout(self.timeout) {
-            Ok(Ok(line)) => Ok(line),
-            Ok(Err(e)) => {
-                let what = format!("could not be read while waiting for {waiting_for}: {e}");
-                Err(self.fail(what))
+        let deadline = t0 + self.timeout;
+        loop {
+            if let Some(at) = self.pending[self.scanned..]
+                .iter()
+                .position(|&b| b == b'\n')
+            {
+                let end = self.scanned + at;
+                if end > self.line_bound {
+                    return Err(self.too_long(waiting_for));
+                }
+                let mut line: Vec<u8> = self.pending.drain(..=end).collect();
+                self.scanned = 0;
+                line.pop();
+                if line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+                return String::from_utf8(line).map_err(|e| {
+                    let problem = ProtocolError::NotProtocol {
+                        why: format!("not UTF-8, in answer to {waiting_for}"),
+                        line: excerpt(&String::from_utf8_lossy(e.as_bytes())),
+                    };
+                    self.dead = Some(problem.to_string());
+                    self.kill();
+                    WorkerError::Protocol {
+                        worker: self.path.clone(),
+                        problem,
+                    }
+                });
             }
-            Err(RecvTimeoutError::Timeout) => {
+            self.scanned = self.pending.len();
+            if self.pending.len() > self.line_bound {
+                return Err(self.too_long(waiting_for));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 let what = format!(
                     "did not answer {waiting_for} within {:.0} s and was stopped (raise --worker-timeout if a request of this model takes longer)",
                     t0.elapsed().as_secs_f64()
                 );
-                Err(self.fail(what))
+                return Err(self.fail(what));
             }
-            Err(RecvTimeoutError::Disconnected) => {
+            let Some(ch) = self.channel.as_mut() else {
                 let what = self.ended(&format!("while waiting for {waiting_for}"));
-                Err(self.fail(what))
+                return Err(self.fail(what));
+            };
+            // at most the bound and one byte past it: a line without end is not read whole
+            let mut chunk = [0u8; 1 << 16];
+            let room = (self.line_bound + 1)
+                .saturating_sub(self.pending.len())
+                .clamp(1, chunk.len());
+            let read = ch
+                .set_read_timeout(Some(left))
+                .and_then(|_| ch.read(&mut chunk[..room]));
+            match read {
+                Ok(0) => {
+                    let what = self.ended(&format!("while waiting for {waiting_for}"));
+                    return Err(self.fail(what));
+                }
+                Ok(n) => self.pending.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::Interrupted || is_timeout(&e) => {}
+                Err(e) => {
+                    let what = format!(
+                        "its channel could not be read while waiting for {waiting_for}: {e}"
+                    );
+                    return Err(self.fail(what));
+                }
             }
         }
     }
 
-    /// How the worker ended (it closed its stdout): its exit status or signal, and its stderr's
-    /// last lines.
+    /// The fault of a line past the bound.
+    fn too_long(&mut self, waiting_for: &str) -> WorkerError {
+        let what = format!(
+            "wrote a line past the bound on a line, {} bytes, in answer to {waiting_for} and was stopped (the largest honest answer, the logits of every position of a 512-token chunk over a vocabulary of 150,000, is about 1.2 GB)",
+            self.line_bound
+        );
+        self.fail(what)
+    }
+
+    /// How the worker ended (it closed its channel): its exit status or signal, what that
+    /// usually means, and the last lines of its stderr and stdout.
     fn ended(&mut self, when: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(5);
         let status = loop {
@@ -263,25 +402,27 @@ impl WorkerProcess {
                 _ => break None,
             }
         };
-        // the stderr reader may still hold the last lines for a moment
-        std::thread::sleep(Duration::from_millis(50));
-        let how = match status {
-            Some(s) => describe_status(s),
-            None => "closed its output".to_string(),
-        };
-        let tail = self.stderr_tail();
-        if tail.is_empty() {
-            format!("{how} {when}")
-        } else {
-            format!("{how} {when}; its last words: {tail}")
+        // the drains read the last lines once the pipes close (a moment at most; a grandchild
+        // may hold them open longer)
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < deadline && self.drains.iter().any(|d| !d.is_finished()) {
+            std::thread::sleep(Duration::from_millis(5));
         }
-    }
-
-    fn stderr_tail(&self) -> String {
-        self.stderr_tail
-            .lock()
-            .map(|t| t.iter().cloned().collect::<Vec<_>>().join(" | "))
-            .unwrap_or_default()
+        let mut msg = match status {
+            Some(s) => format!("{} {when}", describe_status(s)),
+            None => format!("closed its channel {when}"),
+        };
+        if status.is_some_and(|s| signal_of(s) == Some(4)) {
+            msg.push_str(&format!(" ({SIGILL_MEANS})"));
+        }
+        let (err, out) = (tail_of(&self.stderr_tail), tail_of(&self.stdout_tail));
+        if !err.is_empty() {
+            msg.push_str(&format!("; its last words: {err}"));
+        }
+        if !out.is_empty() {
+            msg.push_str(&format!("; its last lines on stdout: {out}"));
+        }
+        msg
     }
 
     fn fault(&self, what: String) -> WorkerError {
@@ -299,7 +440,7 @@ impl WorkerProcess {
     }
 
     fn kill(&mut self) {
-        self.stdin = None;
+        self.channel = None;
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -309,12 +450,10 @@ impl Drop for WorkerProcess {
     /// Asks the worker to quit, waits a moment, then stops it: the child is always reaped.
     fn drop(&mut self) {
         if self.dead.is_none() {
-            if let Some(s) = self.stdin.as_mut() {
-                let _ = s
-                    .write_all(format!("{{\"id\":{},\"op\":\"quit\"}}\n", self.next_id).as_bytes());
-                let _ = s.flush();
-            }
-            self.stdin = None;
+            let quit = format!("{{\"id\":{},\"op\":\"quit\"}}\n", self.next_id);
+            let _ = self.send(quit.as_bytes(), Instant::now() + Duration::from_secs(1));
+            // the end of the channel asks it too
+            self.channel = None;
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = self.child.try_wait() {
@@ -327,10 +466,116 @@ impl Drop for WorkerProcess {
     }
 }
 
+/// What a killing by SIGILL usually means.
+pub const SIGILL_MEANS: &str = "an illegal instruction: usually a build for CPU features this machine cannot run, such as a GGML_NATIVE build on a virtual machine that reports AMX without enabling it, which dies in ggml's AMX kernels; build the worker without GGML_NATIVE (scripts/build-worker does), or with the CPU features listed, e.g. -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON";
+
+/// The line bound in force: [`LINE_BOUND`], or the number of bytes in [`LINE_BOUND_ENV`].
+fn line_bound() -> Result<usize, String> {
+    parse_line_bound(std::env::var(LINE_BOUND_ENV).ok().as_deref())
+}
+
+fn parse_line_bound(v: Option<&str>) -> Result<usize, String> {
+    match v {
+        None => Ok(LINE_BOUND),
+        Some(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!(
+                "{LINE_BOUND_ENV}={v} is not a number of bytes above 0"
+            )),
+        },
+    }
+}
+
+/// A request in words, for messages: `'load'`, `'decode' (observe: timed)`.
+fn describe_request(op: &str, fields: &serde_json::Map<String, serde_json::Value>) -> String {
+    match fields.get("observe").and_then(|o| o.as_str()) {
+        Some(o) => format!("'{op}' (observe: {o})"),
+        None => format!("'{op}'"),
+    }
+}
+
+/// A protocol error of an answer, saying which request it answered.
+fn in_answer_to(problem: ProtocolError, what: &str) -> ProtocolError {
+    match problem {
+        ProtocolError::NotProtocol { why, line } => ProtocolError::NotProtocol {
+            why: format!("{why}, in answer to {what}"),
+            line,
+        },
+        p => p,
+    }
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
+}
+
+/// Reads `stream` (the worker's stdout or stderr) as bytes to its end, keeping its last lines
+/// (lossily decoded, each cut at [`TAIL_LINE_BYTES`]) in `tail`, and with `verbose` passing
+/// every byte through to this process's stderr.
+fn drain(stream: impl Read + Send + 'static, tail: Tail, verbose: bool) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::with_capacity(1 << 16, stream);
+        let mut line: Vec<u8> = Vec::new();
+        let keep = |line: &mut Vec<u8>| {
+            let text = String::from_utf8_lossy(line).trim_end().to_string();
+            line.clear();
+            if let Ok(mut t) = tail.lock() {
+                t.push_back(text);
+                while t.len() > TAIL_LINES {
+                    t.pop_front();
+                }
+            }
+        };
+        loop {
+            let buf = match r.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            if buf.is_empty() {
+                break;
+            }
+            let (part, ends_line) = match buf.iter().position(|&b| b == b'\n') {
+                Some(i) => (&buf[..=i], true),
+                None => (buf, false),
+            };
+            if verbose {
+                let _ = std::io::stderr().lock().write_all(part);
+            }
+            let room = TAIL_LINE_BYTES.saturating_sub(line.len());
+            line.extend_from_slice(&part[..part.len().min(room)]);
+            let n = part.len();
+            r.consume(n);
+            if ends_line {
+                keep(&mut line);
+            }
+        }
+        if !line.is_empty() {
+            keep(&mut line);
+        }
+    })
+}
+
+fn tail_of(t: &Tail) -> String {
+    t.lock()
+        .map(|t| {
+            t.iter()
+                .filter(|l| !l.is_empty())
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(" | ")
+        })
+        .unwrap_or_default()
+}
+
+fn signal_of(s: std::process::ExitStatus) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    s.signal()
+}
+
 /// An exit status in words: `exited with status 3`, `was killed by signal 11 (SIGSEGV)`.
 pub fn describe_status(s: std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    if let Some(sig) = s.signal() {
+    if let Some(sig) = signal_of(s) {
         let name = match sig {
             4 => " (SIGILL)",
             6 => " (SIGABRT)",
@@ -338,6 +583,7 @@ pub fn describe_status(s: std::process::ExitStatus) -> String {
             8 => " (SIGFPE)",
             9 => " (SIGKILL)",
             11 => " (SIGSEGV)",
+            13 => " (SIGPIPE)",
             15 => " (SIGTERM)",
             _ => "",
         };
@@ -361,4 +607,195 @@ pub fn identify(
     let hash = blake3::hash(&bytes).to_hex().to_string();
     let p = WorkerProcess::start(path, timeout, false, env)?;
     Ok((p.hello().clone(), hash))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HELLO: &str = r#"{"protocol":"opledger-llama-worker","version":3,"llama":{"commit":"c","build":"b","ggml_version":"0","ggml_commit":"g","compiler":"sh","build_options":"","system_info":"","backends":["CPU"],"devices":[]}}"#;
+
+    /// A worker written in sh: `body` runs after the hello went out on the channel (fd 3).
+    fn sh_worker(dir: &Path, name: &str, before: &str, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        let script = format!(
+            "#!/bin/sh\n[ \"$1\" = --channel-fd ] && [ \"$2\" = 3 ] || exit 64\n{before}\nprintf '%s\\n' '{HELLO}' >&3\n{body}\n"
+        );
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    fn launch(path: &Path, timeout_s: u64, bound: usize) -> Result<WorkerProcess, WorkerError> {
+        WorkerProcess::launch(
+            path,
+            Duration::from_secs(timeout_s),
+            false,
+            &BTreeMap::new(),
+            bound,
+        )
+    }
+
+    fn ask(p: &mut WorkerProcess, op: &str) -> Result<serde_json::Value, WorkerError> {
+        p.request(op, serde_json::Map::new())
+    }
+
+    /// A worker that prints junk to stdout and stderr (not UTF-8, more than a pipe holds)
+    /// before its hello and between answers still speaks the protocol; its last lines, shown
+    /// lossily, go into the message of its death.
+    #[test]
+    fn junk_on_stdout_and_stderr_never_reaches_the_protocol() {
+        let dir = tempfile::tempdir().unwrap();
+        // 300 kB on each stream (a pipe holds 64 kB), lines of bytes that are not UTF-8
+        let junk = "i=0; while [ $i -lt 3000 ]; do printf 'junk \\377\\376 line %s of a hundred bytes or so, to fill a pipe well beyond its buffer.......\\n' $i; printf 'err \\377 %s\\n' $i >&2; i=$((i+1)); done";
+        let w = sh_worker(
+            dir.path(),
+            "junk",
+            junk,
+            &format!(
+                "read req <&3\n{junk}\nprintf '{{\"id\":1,\"ok\":true}}\\n' >&3\nread req <&3\nprintf 'last \\377 words\\n' >&2\nexit 3"
+            ),
+        );
+        let mut p = launch(&w, 20, LINE_BOUND).unwrap();
+        assert_eq!(p.hello().version, 3);
+        let v = ask(&mut p, "clear").unwrap();
+        assert_eq!(v, serde_json::json!({}));
+        let e = ask(&mut p, "save").unwrap_err();
+        assert!(e.is_fault(), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("exited with status 3"), "{msg}");
+        assert!(msg.contains("while waiting for 'save'"), "{msg}");
+        assert!(msg.contains("last \u{fffd} words"), "{msg}");
+        assert!(msg.contains("junk \u{fffd}\u{fffd} line 2999"), "{msg}");
+        assert!(msg.contains(&w.display().to_string()), "{msg}");
+        // nothing more is asked of a failed worker
+        let again = ask(&mut p, "clear").unwrap_err().to_string();
+        assert!(again.contains("failed earlier"), "{again}");
+    }
+
+    /// A worker that stops reading its channel cannot hang opledger: the write times out.
+    #[test]
+    fn a_worker_that_stops_reading_is_stopped_by_the_write_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = sh_worker(dir.path(), "deaf", "", "exec sleep 60");
+        let mut p = launch(&w, 1, LINE_BOUND).unwrap();
+        // far more than a socket's buffer
+        let mut fields = serde_json::Map::new();
+        fields.insert("tokens".into(), "x".repeat(32 << 20).into());
+        let t0 = Instant::now();
+        let e = p
+            .request::<serde_json::Value>("decode", fields)
+            .unwrap_err();
+        assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+        let msg = e.to_string();
+        assert!(e.is_fault(), "{msg}");
+        assert!(msg.contains("did not read 'decode' within 1 s"), "{msg}");
+        // reaped: the process is gone
+        assert!(matches!(p.child.try_wait(), Ok(Some(_))));
+    }
+
+    /// A worker that does not answer in time is stopped; one whose answer passes the line bound
+    /// is stopped with the bound named, whether the line ends or not.
+    #[test]
+    fn a_silent_worker_and_a_line_past_the_bound_are_faults() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = sh_worker(dir.path(), "silent", "", "read req <&3\nexec sleep 60");
+        let mut p = launch(&w, 1, LINE_BOUND).unwrap();
+        let mut fields = serde_json::Map::new();
+        fields.insert("observe".into(), "timed".into());
+        let e = p.request::<serde_json::Value>("step", fields).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("did not answer 'step' (observe: timed) within 1 s"),
+            "{msg}"
+        );
+
+        for (name, tail) in [("endless", ""), ("long", "\\n")] {
+            let body = format!(
+                "read req <&3\nprintf '{{\"id\":1,\"ok\":true,\"x\":\"' >&3\ni=0; while [ $i -lt 200 ]; do printf '%0100d' 0 >&3; i=$((i+1)); done\nprintf '\"}}{tail}' >&3\nexec sleep 60"
+            );
+            let w = sh_worker(dir.path(), name, "", &body);
+            // the hello passes a bound of 4 kB; the answer, 20 kB, does not
+            let mut p = launch(&w, 10, 4096).unwrap();
+            assert_eq!(p.line_bound(), 4096);
+            let e = ask(&mut p, "logits").unwrap_err();
+            let msg = e.to_string();
+            assert!(e.is_fault(), "{msg}");
+            assert!(
+                msg.contains("past the bound on a line, 4096 bytes,")
+                    && msg.contains("in answer to 'logits'"),
+                "{name}: {msg}"
+            );
+        }
+    }
+
+    /// An answer of many reads (3 MB, a captured graph's size) is one line, whole.
+    #[test]
+    fn a_long_honest_answer_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = "read req <&3\n{ printf '{\"id\":1,\"ok\":true,\"x\":\"'; head -c 3000000 /dev/zero | tr '\\0' 7; printf '\"}\\n'; } >&3\nread req <&3";
+        let w = sh_worker(dir.path(), "graph", "", body);
+        let mut p = launch(&w, 20, LINE_BOUND).unwrap();
+        let v = ask(&mut p, "decode").unwrap();
+        let x = v["x"].as_str().unwrap();
+        assert_eq!(x.len(), 3_000_000);
+        assert!(x.bytes().all(|b| b == b'7'));
+    }
+
+    /// A worker killed by SIGILL is told apart: the message says what that usually means and
+    /// how to build instead.
+    #[test]
+    fn a_worker_killed_by_sigill_says_how_to_build_instead() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = sh_worker(dir.path(), "sigill", "", "read req <&3\nkill -ILL $$");
+        let mut p = launch(&w, 10, LINE_BOUND).unwrap();
+        let msg = ask(&mut p, "load").unwrap_err().to_string();
+        assert!(msg.contains("killed by signal 4 (SIGILL)"), "{msg}");
+        assert!(msg.contains("while waiting for 'load'"), "{msg}");
+        assert!(msg.contains("without GGML_NATIVE"), "{msg}");
+        assert!(msg.contains("-DGGML_NATIVE=OFF -DGGML_AVX2=ON"), "{msg}");
+    }
+
+    /// Answers that are not the protocol (not UTF-8, not JSON) are faults naming the request.
+    #[test]
+    fn an_answer_that_is_not_utf8_or_not_json_is_a_protocol_fault() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, line, words) in [
+            (
+                "bytes",
+                "{\"id\":1,\"ok\":true,\"x\":\"\\377\"}",
+                "not UTF-8",
+            ),
+            ("words", "the model is loaded", "not the protocol"),
+        ] {
+            let w = sh_worker(
+                dir.path(),
+                name,
+                "",
+                &format!("read req <&3\nprintf '{line}\\n' >&3\nexec sleep 60"),
+            );
+            let mut p = launch(&w, 10, LINE_BOUND).unwrap();
+            let e = ask(&mut p, "load").unwrap_err();
+            let msg = e.to_string();
+            assert!(e.is_fault(), "{msg}");
+            assert!(
+                msg.contains(words) && msg.contains("in answer to 'load'"),
+                "{name}: {msg}"
+            );
+            assert!(matches!(p.child.try_wait(), Ok(Some(_))));
+        }
+    }
+
+    /// The bound (which holds the largest honest answer, checked where it is defined) is
+    /// lowered for tests by a number of bytes and nothing else.
+    #[test]
+    fn the_line_bound_is_lowered_by_a_number_of_bytes_only() {
+        assert_eq!(parse_line_bound(None), Ok(LINE_BOUND));
+        assert_eq!(parse_line_bound(Some("4096")), Ok(4096));
+        for bad in ["0", "-1", "4k", ""] {
+            let e = parse_line_bound(Some(bad)).unwrap_err();
+            assert!(e.contains(LINE_BOUND_ENV), "{e}");
+        }
+    }
 }

@@ -1,4 +1,4 @@
-//! The worker's line protocol, version 2 (`tools/llama-worker/PROTOCOL.md`): the hello line, the
+//! The worker's line protocol, version 3 (`tools/llama-worker/PROTOCOL.md`): the hello line, the
 //! answers' shapes, and the node records of a capture. Pure: every function takes a line and
 //! returns a typed value or a [`ProtocolError`] that says what was wrong with it (an unknown
 //! field is an error, not a guess).
@@ -8,7 +8,7 @@ use serde::Deserialize;
 use opledger_core::node::{is_view_op, layer_of, NodeInfo, TensorDesc};
 
 /// The protocol version this opledger speaks.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The name a worker gives its protocol in its hello line.
 pub const PROTOCOL_NAME: &str = "opledger-llama-worker";
@@ -25,7 +25,7 @@ pub enum ProtocolError {
 }
 
 /// A line shortened for an error message.
-fn excerpt(line: &str) -> String {
+pub(crate) fn excerpt(line: &str) -> String {
     const MAX: usize = 160;
     if line.len() <= MAX {
         return line.to_string();
@@ -335,14 +335,14 @@ pub fn node_infos(nodes: &[WireNode], devices: Option<&[Device]>) -> Result<Vec<
 mod tests {
     use super::*;
 
-    const HELLO: &str = r#"{"protocol":"opledger-llama-worker","version":2,"llama":{"commit":"abc","build":"b7","ggml_version":"0.26.0","ggml_commit":"x","compiler":"gcc 12","build_options":"GGML_AVX2=ON","system_info":"CPU : AVX2 = 1","backends":["CPU"],"devices":[{"name":"CPU","description":"AMD","type":"cpu","memory_total":10,"memory_free":5}]}}"#;
+    const HELLO: &str = r#"{"protocol":"opledger-llama-worker","version":3,"llama":{"commit":"abc","build":"b7","ggml_version":"0.26.0","ggml_commit":"x","compiler":"gcc 12","build_options":"GGML_AVX2=ON","system_info":"CPU : AVX2 = 1","backends":["CPU"],"devices":[{"name":"CPU","description":"AMD","type":"cpu","memory_total":10,"memory_free":5}]}}"#;
 
     #[test]
     fn a_hello_names_the_build_and_another_version_is_refused_by_name() {
         let h = parse_hello(HELLO).unwrap();
         assert_eq!(h.llama.devices[0].name, "CPU");
         assert_eq!(h.build_label(), "llama.cpp b7 (abc), ggml 0.26.0");
-        let v1 = HELLO.replace("\"version\":2", "\"version\":1");
+        let v1 = HELLO.replace("\"version\":3", "\"version\":1");
         let e = parse_hello(&v1).unwrap_err();
         assert_eq!(
             e,
