@@ -6,6 +6,7 @@
 // ggml-backend.h). Tensors on a device are read through ggml_backend_tensor_get only (a
 // device buffer is not host memory); logits through llama_get_logits_ith (host copies).
 
+#include "optime.h"
 #include "worker.h"
 #include "rpc_server.h"
 
@@ -329,11 +330,16 @@ static void op_decode(Worker & w, const Json & req, std::string & out, bool step
     }
     std::string observe = str_field(req, "observe", "none");
     bool abort_first = bool_field(req, "abort_after_first", false);
+    bool capture_ids = bool_field(req, "capture_ids", false);
+    if (capture_ids && observe != "timed") {
+        throw std::runtime_error("field 'capture_ids' needs observe 'timed'");
+    }
     if (observe != "none") {
         if (!c.obs) {
             throw std::runtime_error("the plain context has no instrument");
         }
         c.obs->reset(observe_of(observe));
+        c.obs->capture_ids = capture_ids;
     } else if (c.obs) {
         c.obs->reset(Observe::Count);
     }
@@ -425,6 +431,9 @@ static void op_decode(Worker & w, const Json & req, std::string & out, bool step
                 out += (k ? "," : "") + std::to_string(o.ops[k]);
             }
             out += "]";
+        }
+        if (o.capture_ids) {
+            out += ",\"ids\":[" + o.ids + "]";
         }
         if (o.mode == Observe::Capture) {
             out += ",\"nodes\":[" + o.captured + "]";
@@ -528,6 +537,8 @@ static void handle(Worker & w, const Json & req, std::string & out) {
         }
     } else if (op == "logits") {
         op_logits(w, req, out);
+    } else if (op == "time_op") {
+        op_time_op(w, req, out);
     } else {
         throw std::runtime_error("unknown op '" + op + "'");
     }

@@ -406,8 +406,13 @@ inline void fence(const ggml_tensor * t) {
     ggml_backend_tensor_get(t, out, 0, n);
 }
 
+// The expert ids of MUL_MAT_ID node `index`, appended to `out` (optime.cpp).
+void capture_expert_ids(const ggml_tensor * t, uint32_t index, std::string & out);
+
 struct Observer {
     Observe mode = Observe::Count;
+    bool capture_ids = false;  // timed: keep each MUL_MAT_ID node's expert ids
+    std::string ids;           // the ids kept, as JSON objects, comma-separated
     uint32_t nodes_seen = 0;
     std::vector<uint64_t> timed_ns;
     std::vector<uint64_t> gap_ns;
@@ -426,6 +431,8 @@ struct Observer {
         ops.clear();
         producers.clear();
         captured.clear();
+        capture_ids = false;
+        ids.clear();
         t_ask = 0;
         last_end = 0;
         last_device = nullptr;
@@ -551,6 +558,9 @@ struct Observer {
                     t_ask = 0;
                     last_end = now;
                     ops.push_back((int) t->op);
+                    if (capture_ids && t->op == GGML_OP_MUL_MAT_ID) {
+                        capture_expert_ids(t, (uint32_t) (timed_ns.size() - 1), ids);
+                    }
                     return true;
                 }
         }

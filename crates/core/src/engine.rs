@@ -491,6 +491,26 @@ pub struct OpTime {
     pub weight_buffer: String,
 }
 
+impl OpTime {
+    /// The timing of `times_us` (every timed repetition, µs): their median (the upper middle of
+    /// an even count), least and greatest. `None` for no repetitions or one that is not finite.
+    pub fn of_reps(times_us: &[f64], rotation: u32, weight_buffer: &str) -> Option<OpTime> {
+        if times_us.is_empty() || times_us.iter().any(|t| !t.is_finite()) {
+            return None;
+        }
+        let mut sorted = times_us.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        Some(OpTime {
+            median_us: sorted[sorted.len() / 2],
+            min_us: sorted[0],
+            max_us: sorted[sorted.len() - 1],
+            reps: sorted.len() as u32,
+            rotation,
+            weight_buffer: weight_buffer.to_string(),
+        })
+    }
+}
+
 /// Timing one node of the captured graph alone, outside the graph.
 pub trait OpTimer: Engine {
     /// The expert ids of every expert matmul of a real TIMED run of the prepared work (node
@@ -518,4 +538,24 @@ pub struct GraphCapture {
 /// Describing the graph of some work without (or with little) computing.
 pub trait GraphCapturer: Engine {
     fn capture_graph(&mut self, work: &Work) -> Result<GraphCapture, EngineError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_op_time_is_the_median_and_range_of_its_repetitions() {
+        let t = OpTime::of_reps(&[5.0, 1.0, 3.0, 9.0], 2, "CPU_REPACK").unwrap();
+        // four repetitions: the upper middle, 5
+        assert_eq!(
+            (t.median_us, t.min_us, t.max_us, t.reps),
+            (5.0, 1.0, 9.0, 4)
+        );
+        assert_eq!((t.rotation, t.weight_buffer.as_str()), (2, "CPU_REPACK"));
+        let one = OpTime::of_reps(&[7.5], 1, "CPU").unwrap();
+        assert_eq!((one.median_us, one.min_us, one.max_us), (7.5, 7.5, 7.5));
+        assert_eq!(OpTime::of_reps(&[], 1, "CPU"), None);
+        assert_eq!(OpTime::of_reps(&[1.0, f64::NAN], 1, "CPU"), None);
+    }
 }

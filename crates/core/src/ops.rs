@@ -94,6 +94,34 @@ pub fn routing_ids(
     }
 }
 
+/// Values for an integer source of `node` (slot `slot`, `count` elements) when the node is
+/// rebuilt and timed alone: indices in range for the op. An expert matmul's ids are `routing`
+/// repeated (the ids `[n_used, n_tokens]` of one routing), else the experts in turn; a
+/// GET_ROWS selects the source's rows in turn, a SET_ROWS writes the output's rows in turn, a
+/// ROPE's positions count up; any other integer source is 0, an index valid for every op.
+pub fn int_source_values(
+    node: &NodeInfo,
+    slot: usize,
+    count: usize,
+    routing: Option<&[i32]>,
+) -> Vec<i64> {
+    let cycle = |n: i64| {
+        (0..count as i64)
+            .map(move |i| i % n.max(1))
+            .collect::<Vec<i64>>()
+    };
+    match (node.op.as_str(), slot) {
+        ("MUL_MAT_ID", 2) => match routing {
+            Some(ids) if !ids.is_empty() => (0..count).map(|i| ids[i % ids.len()] as i64).collect(),
+            _ => cycle(node.src(0).map_or(1, |s| s.ne[2])),
+        },
+        ("GET_ROWS", 1) => cycle(node.src(0).map_or(1, |s| s.ne[1])),
+        ("SET_ROWS", 1) => cycle(node.out.ne[1]),
+        ("ROPE", 1) => (0..count as i64).collect(),
+        _ => vec![0; count],
+    }
+}
+
 /// Weight bytes `node` reads when its expert matmul touches `experts_used` distinct experts:
 /// every weight source whole, except an expert tensor (only the touched experts' slices) and
 /// the table of a GET_ROWS (only the rows its ids select).
@@ -299,6 +327,68 @@ pub fn summarise_ops(
 mod tests {
     use super::*;
     use crate::node::TensorDesc;
+
+    #[test]
+    fn integer_sources_of_a_rebuilt_op_hold_indices_in_range() {
+        let t = |ne: [i64; 4], ty: &str| TensorDesc {
+            name: "t".into(),
+            ne,
+            ggml_type: ty.into(),
+            size_bytes: 0,
+            is_weight: false,
+            producer: None,
+            nb: [0; 4],
+        };
+        let node = |op: &str, out: [i64; 4], srcs: Vec<TensorDesc>| NodeInfo {
+            index: 0,
+            op: op.into(),
+            name: "n".into(),
+            layer: None,
+            out: t(out, "f32"),
+            srcs: srcs.into_iter().map(Some).collect(),
+            is_view: false,
+            inplace: false,
+            skipped: false,
+            op_code: None,
+            op_params: vec![],
+            device: None,
+        };
+        // 3 experts, 2 used, 2 tokens: a routing repeated; without one, the experts in turn
+        let mm = node(
+            "MUL_MAT_ID",
+            [4, 2, 2, 1],
+            vec![
+                t([8, 4, 3, 1], "q8_0"),
+                t([8, 1, 2, 1], "f32"),
+                t([2, 2, 1, 1], "i32"),
+            ],
+        );
+        assert_eq!(
+            int_source_values(&mm, 2, 6, Some(&[2, 0, 1, 2])),
+            [2, 0, 1, 2, 2, 0]
+        );
+        assert_eq!(int_source_values(&mm, 2, 4, None), [0, 1, 2, 0]);
+        // rows of a 5-row table; rows of a 2-row destination; positions; anything else 0
+        let gr = node(
+            "GET_ROWS",
+            [8, 3, 1, 1],
+            vec![t([8, 5, 1, 1], "f32"), t([7, 1, 1, 1], "i32")],
+        );
+        assert_eq!(int_source_values(&gr, 1, 7, None), [0, 1, 2, 3, 4, 0, 1]);
+        let sr = node(
+            "SET_ROWS",
+            [8, 2, 1, 1],
+            vec![t([8, 3, 1, 1], "f32"), t([3, 1, 1, 1], "i64")],
+        );
+        assert_eq!(int_source_values(&sr, 1, 3, None), [0, 1, 0]);
+        let rope = node(
+            "ROPE",
+            [8, 1, 3, 1],
+            vec![t([8, 1, 3, 1], "f32"), t([3, 1, 1, 1], "i32")],
+        );
+        assert_eq!(int_source_values(&rope, 1, 3, None), [0, 1, 2]);
+        assert_eq!(int_source_values(&rope, 2, 2, None), [0, 0]);
+    }
 
     #[test]
     fn routings_touch_the_experts_they_should() {

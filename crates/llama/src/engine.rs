@@ -846,49 +846,19 @@ impl Engine for LlamaEngine {
     }
 
     fn gemm_peak(&mut self) -> Result<Option<(f64, String)>, EngineError> {
-        // F32 [4096, 4096] x [4096, 512], ggml's own matmul on this engine's thread pool
-        let (k, n, m) = (4096i64, 4096i64, 512i64);
-        let desc = |name: &str, ne: [i64; 4], weight: bool| opledger_core::node::TensorDesc {
-            name: name.into(),
-            ne,
-            ggml_type: "f32".into(),
-            size_bytes: (ne[0] * ne[1] * 4) as u64,
-            is_weight: weight,
-            producer: None,
-            nb: [0; 4],
-        };
-        let node = NodeInfo {
-            index: 0,
-            op: "MUL_MAT".into(),
-            name: "gemm_probe".into(),
-            layer: None,
-            out: desc("out", [n, m, 1, 1], false),
-            srcs: vec![
-                Some(desc("w", [k, n, 1, 1], true)),
-                Some(desc("x", [k, m, 1, 1], false)),
-            ],
-            is_view: false,
-            inplace: false,
-            skipped: false,
-            op_code: Some(llama_cpp_sys_2::GGML_OP_MUL_MAT),
-            op_params: Vec::new(),
-            device: None,
-        };
+        // the shared probe (opledger_core::peaks), ggml's own matmul on this engine's thread pool
+        let node = opledger_core::peaks::gemm_probe(Some(llama_cpp_sys_2::GGML_OP_MUL_MAT));
         let t = OpTimer::time_node(
             self,
             &node,
             &OpTimeRequest {
                 routing: None,
-                reps: 5,
+                reps: opledger_core::peaks::GEMM_PROBE_REPS,
                 rotate_bytes: 0,
                 flush_bytes: 0,
             },
         )?;
-        let flops = 2.0 * (k * n * m) as f64;
-        Ok(Some((
-            flops / (t.median_us / 1e6) / 1e9,
-            format!("F32 {k}x{n} x {k}x{m}"),
-        )))
+        Ok(opledger_core::peaks::gemm_peak_of(t.median_us))
     }
 
     fn supports(&self, c: Capability) -> bool {

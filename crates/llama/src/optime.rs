@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use llama_cpp_sys_2 as sys;
 use opledger_core::node::{NodeInfo, TensorDesc};
+use opledger_core::ops::int_source_values;
 use opledger_gguf::synth::{fill_chunk, tensor_rng, Fill};
 use opledger_gguf::GgmlType;
 
@@ -92,31 +93,6 @@ fn contiguous(t: &TensorDesc, type_size: u64, block: u64) -> bool {
     expect[2] = expect[1] * t.ne[1] as u64;
     expect[3] = expect[2] * t.ne[2] as u64;
     t.nb == expect
-}
-
-/// Values for an integer source of `node` at slot `slot`, valid for the op (indices in range).
-fn int_values(node: &NodeInfo, slot: usize, count: usize, routing: Option<&[i32]>) -> Vec<i64> {
-    let bound = |v: i64| v.max(1);
-    match (node.op.as_str(), slot) {
-        ("MUL_MAT_ID", 2) => match routing {
-            Some(ids) if !ids.is_empty() => (0..count).map(|i| ids[i % ids.len()] as i64).collect(),
-            _ => {
-                let n = bound(node.src(0).map(|s| s.ne[2]).unwrap_or(1));
-                (0..count as i64).map(|i| i % n).collect()
-            }
-        },
-        ("GET_ROWS", 1) => {
-            let n = bound(node.src(0).map(|s| s.ne[1]).unwrap_or(1));
-            (0..count as i64).map(|i| i % n).collect()
-        }
-        ("SET_ROWS", 1) => {
-            let n = bound(node.out.ne[1]);
-            (0..count as i64).map(|i| i % n).collect()
-        }
-        ("ROPE", 1) => (0..count as i64).collect(),
-        // index 0 is valid for anything that reads indices
-        _ => vec![0; count],
-    }
 }
 
 /// Times `node` alone `cfg.reps` times. For an expert matmul, `routing` gives the expert ids
@@ -287,7 +263,7 @@ pub fn time_node(
                 let mut buf = vec![0u8; bytes];
                 if ty == sys::GGML_TYPE_I32 || ty == sys::GGML_TYPE_I64 {
                     let width = if ty == sys::GGML_TYPE_I32 { 4 } else { 8 };
-                    let vals = int_values(node, slot, bytes / width, routing);
+                    let vals = int_source_values(node, slot, bytes / width, routing);
                     for (i, v) in vals.iter().enumerate() {
                         if width == 4 {
                             buf[i * 4..i * 4 + 4].copy_from_slice(&(*v as i32).to_le_bytes());
@@ -354,15 +330,9 @@ pub fn time_node(
         for r in 0..cfg.reps.max(1) {
             times.push(compute(graphs[r as usize % graphs.len()])?);
         }
-        times.sort_by(f64::total_cmp);
-        let result = OpTime {
-            median_us: times[times.len() / 2],
-            min_us: times[0],
-            max_us: times[times.len() - 1],
-            reps: times.len() as u32,
-            rotation,
-            weight_buffer,
-        };
+        let result = OpTime::of_reps(&times, rotation, &weight_buffer).ok_or_else(|| {
+            LlamaError::Invalid(format!("timing {} alone gave no finite time", node.op))
+        })?;
         drop(graphs);
         drop(keep_buf);
         drop(keep_ctx);

@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 
 use opledger_core::engine::{
     Capability, ChunkTiming, Engine, EngineError, EngineInfo, GraphCapture, GraphCapturer, Mode,
-    SweepEngine, Work,
+    OpTime, OpTimeRequest, OpTimer, SweepEngine, Work,
 };
 use opledger_core::node::NodeInfo;
 use opledger_core::split::Slot;
@@ -22,7 +22,9 @@ use opledger_core::tokens::{
 };
 
 use crate::process::{WorkerError, WorkerProcess};
-use crate::protocol::{Contexts, Decoded, Device, Done, Hello, Loaded, Logits, Saved};
+use crate::protocol::{
+    Contexts, Decoded, Device, Done, Hello, Loaded, Logits, Saved, TimedOp, WireIds,
+};
 
 /// How to start a worker and load the model in it.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,6 +94,10 @@ pub struct WorkerEngine {
     decode_graph: Option<Captured>,
     sweep: Option<PassOrder>,
     last_mode: Option<Mode>,
+    /// TIMED decodes ask for the expert ids ([`OpTimer::capture_routing`]), and `ids` keeps the
+    /// last answer's.
+    capture_ids: bool,
+    ids: Vec<WireIds>,
     /// The processes the noise gate counts as this run's own while the engine lives: the
     /// worker, and the RPC servers on this machine its graph is split over
     /// ([`WorkerEngine::count_as_own`]).
@@ -168,6 +174,8 @@ impl WorkerEngine {
             decode_graph: None,
             sweep: None,
             last_mode: None,
+            capture_ids: false,
+            ids: Vec::new(),
             own,
         })
     }
@@ -243,11 +251,33 @@ impl WorkerEngine {
         all_logits: bool,
         observe_as: &str,
     ) -> Result<Decoded, EngineError> {
-        self.req(
-            "decode",
-            json!({"ctx": ctx_name(mode), "observe": observe_as, "tokens": tokens,
-                   "pos0": pos0, "all_logits": all_logits}),
-        )
+        let req = json!({"ctx": ctx_name(mode), "observe": observe_as, "tokens": tokens,
+                         "pos0": pos0, "all_logits": all_logits});
+        self.observed("decode", req, observe_as)
+    }
+
+    /// A `decode` or `step` request; a TIMED one asks for the expert ids while
+    /// [`OpTimer::capture_routing`] runs, and keeps them.
+    fn observed(
+        &mut self,
+        op: &str,
+        mut req: Value,
+        observe_as: &str,
+    ) -> Result<Decoded, EngineError> {
+        let ids = self.capture_ids && observe_as == "timed";
+        if ids {
+            req["capture_ids"] = true.into();
+        }
+        let mut d: Decoded = self.req(op, req)?;
+        if ids {
+            self.ids = d.ids.take().ok_or_else(|| {
+                EngineError::Worker(format!(
+                    "the llama.cpp worker {}: a TIMED decode asked for its expert ids answered none",
+                    self.cfg.worker.display()
+                ))
+            })?;
+        }
+        Ok(d)
     }
 
     /// One decode step: token `tokens[s]` for sequence `first_seq + s` at `pos`.
@@ -259,11 +289,9 @@ impl WorkerEngine {
         first_seq: u32,
         observe_as: &str,
     ) -> Result<Decoded, EngineError> {
-        self.req(
-            "step",
-            json!({"ctx": ctx_name(mode), "observe": observe_as, "tokens": tokens,
-                   "pos": pos, "first_seq": first_seq}),
-        )
+        let req = json!({"ctx": ctx_name(mode), "observe": observe_as, "tokens": tokens,
+                         "pos": pos, "first_seq": first_seq});
+        self.observed("step", req, observe_as)
     }
 
     /// Restores the prepared state into `ctx` (an empty context where there is none).
@@ -684,10 +712,45 @@ impl Engine for WorkerEngine {
     }
 
     fn supports(&self, c: Capability) -> bool {
-        matches!(
-            c,
-            Capability::Decode | Capability::Logits | Capability::Sweep | Capability::GraphCapture
-        )
+        match c {
+            // a split model's remote nodes live on servers the worker has no backend for here
+            Capability::OpTiming => self.cfg.rpc.is_none(),
+            _ => matches!(
+                c,
+                Capability::Decode
+                    | Capability::Logits
+                    | Capability::Sweep
+                    | Capability::GraphCapture
+            ),
+        }
+    }
+
+    fn routed_experts(&mut self) -> Result<Option<BTreeMap<u32, u32>>, EngineError> {
+        let ids = self.capture_routing()?;
+        Ok(Some(
+            ids.into_iter()
+                .map(|(i, ids)| (i, opledger_core::ops::distinct_experts(&ids)))
+                .collect(),
+        ))
+    }
+
+    /// The shared GEMM probe (`opledger_core::peaks`) timed alone on the device of the engine's
+    /// backend: the first local GPU where layers are offloaded to one, else the CPU.
+    fn gemm_peak(&mut self) -> Result<Option<(f64, String)>, EngineError> {
+        let mut node = opledger_core::peaks::gemm_probe(None);
+        let backend = self.info().backend;
+        node.device = (backend != "CPU").then_some(backend);
+        let t = OpTimer::time_node(
+            self,
+            &node,
+            &OpTimeRequest {
+                routing: None,
+                reps: opledger_core::peaks::GEMM_PROBE_REPS,
+                rotate_bytes: 0,
+                flush_bytes: 0,
+            },
+        )?;
+        Ok(opledger_core::peaks::gemm_peak_of(t.median_us))
     }
 
     fn logits(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -716,6 +779,103 @@ impl Engine for WorkerEngine {
 
     fn as_graph_capturer(&mut self) -> Option<&mut dyn GraphCapturer> {
         Some(self)
+    }
+
+    fn as_op_timer(&mut self) -> Option<&mut dyn OpTimer> {
+        if self.cfg.rpc.is_some() {
+            return None;
+        }
+        Some(self)
+    }
+}
+
+impl OpTimer for WorkerEngine {
+    /// The expert ids every MUL_MAT_ID node routes in a real TIMED run of the prepared work (of
+    /// a decode run, its last step): (node index in the reported graph, ids `[n_used,
+    /// n_tokens]`).
+    fn capture_routing(&mut self) -> Result<Vec<(u32, Vec<i32>)>, EngineError> {
+        self.capture_ids = true;
+        self.ids.clear();
+        let run = self.run(Mode::Timed);
+        self.capture_ids = false;
+        let ids = std::mem::take(&mut self.ids);
+        run?;
+        // a graph over several devices reports transfers between its nodes: the observed
+        // node's position in the reported graph
+        let slots = self
+            .graph
+            .as_ref()
+            .map(|g| g.slots.as_slice())
+            .unwrap_or(&[]);
+        ids.into_iter()
+            .map(|w| {
+                let at = if slots.is_empty() {
+                    Some(w.node as usize)
+                } else {
+                    slots
+                        .iter()
+                        .position(|s| *s == opledger_core::split::Slot::Node(w.node as usize))
+                };
+                at.map(|i| (i as u32, w.ids)).ok_or_else(|| {
+                    EngineError::Worker(format!(
+                        "the llama.cpp worker {}: expert ids of node {}, which the captured graph does not hold",
+                        self.cfg.worker.display(),
+                        w.node
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Times one node of the captured graph alone in the worker, on the node's own device (see
+    /// PROTOCOL.md, `time_op`): integer sources get in-range indices
+    /// (`opledger_core::ops::int_source_values`, an expert matmul the routing asked for), the
+    /// worker answers every repetition, and the summary is opledger's ([`OpTime::of_reps`]).
+    fn time_node(&mut self, node: &NodeInfo, req: &OpTimeRequest) -> Result<OpTime, EngineError> {
+        if node.out.ne.contains(&0) {
+            // an op over no elements (a state copy of zero sequences, say) does nothing
+            return Ok(OpTime {
+                median_us: 0.0,
+                min_us: 0.0,
+                max_us: 0.0,
+                reps: 0,
+                rotation: 0,
+                weight_buffer: String::new(),
+            });
+        }
+        let ints: Vec<Option<Vec<i64>>> = node
+            .srcs
+            .iter()
+            .enumerate()
+            .map(|(slot, s)| {
+                s.as_ref()
+                    .filter(|t| matches!(t.ggml_type.as_str(), "i32" | "i64"))
+                    .map(|t| {
+                        let count = t.ne.iter().map(|&n| n.max(1) as usize).product();
+                        opledger_core::ops::int_source_values(node, slot, count, req.routing)
+                    })
+            })
+            .collect();
+        let t: TimedOp = self.req(
+            "time_op",
+            json!({
+                "node": crate::protocol::time_op_node(node),
+                "ints": ints,
+                "reps": req.reps.max(1),
+                "rotate_bytes": req.rotate_bytes,
+                "flush_bytes": req.flush_bytes,
+                "repack": !self.cfg.no_repack,
+            }),
+        )?;
+        let us: Vec<f64> = t.ns.iter().map(|&n| n as f64 / 1e3).collect();
+        OpTime::of_reps(&us, t.rotation, &t.weight_buffer).ok_or_else(|| {
+            EngineError::Worker(format!(
+                "the llama.cpp worker {}: timing node {} ({}) alone answered no repetition",
+                self.cfg.worker.display(),
+                node.index,
+                node.op
+            ))
+        })
     }
 }
 
@@ -1098,23 +1258,39 @@ mod tests {
         assert_eq!(cpu["backends"], "CPU,RPC");
     }
 
-    /// A device buffer is not host memory: the worker reads tensors through ggml's backend API
-    /// and logits through llama.cpp's, never through a tensor's data pointer.
+    /// A device buffer is not host memory: the worker (every source file of it) reads tensors
+    /// through ggml's backend API and logits through llama.cpp's, never through a tensor's data
+    /// pointer.
     #[test]
     fn the_worker_never_reads_a_tensor_through_its_data_pointer() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tools/llama-worker/worker.cpp");
-        let src = std::fs::read_to_string(&path).unwrap();
-        let code: String = src
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("//"))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/llama-worker");
+        let mut all = String::new();
+        let mut files = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if !path.extension().is_some_and(|e| e == "cpp" || e == "h") {
+                continue;
+            }
+            files += 1;
+            let code: String = std::fs::read_to_string(&path)
+                .unwrap()
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert!(
+                !code.contains("->data"),
+                "{} dereferences a tensor's data",
+                path.display()
+            );
+            all += &code;
+        }
         assert!(
-            !code.contains("->data"),
-            "worker.cpp dereferences a tensor's data"
+            files >= 2,
+            "the worker's sources were not found in {}",
+            dir.display()
         );
-        assert!(code.contains("ggml_backend_tensor_get("));
-        assert!(code.contains("llama_get_logits_ith("));
+        assert!(all.contains("ggml_backend_tensor_get("));
+        assert!(all.contains("llama_get_logits_ith("));
     }
 }

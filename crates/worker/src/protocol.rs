@@ -270,6 +270,48 @@ pub struct Decoded {
     pub ops: Option<Vec<u32>>,
     #[serde(default)]
     pub nodes: Option<Vec<WireNode>>,
+    /// `timed` with `capture_ids`: each expert matmul's expert ids, in node order.
+    #[serde(default)]
+    pub ids: Option<Vec<WireIds>>,
+}
+
+/// The expert ids one MUL_MAT_ID node routed in a TIMED decode.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WireIds {
+    /// The node's position among the observed nodes.
+    pub node: u32,
+    /// Its ids source, `[n_used, n_tokens]`, token by token.
+    pub ids: Vec<i32>,
+}
+
+/// The answer to `time_op`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimedOp {
+    /// Every timed repetition, compute and synchronise, ns (the warm-up not among them).
+    pub ns: Vec<u64>,
+    /// Copies of the inputs rotated over.
+    pub rotation: u32,
+    /// The buffer type the weights lived in (`CPU_REPACK`, `CPU`, `CUDA0`).
+    pub weight_buffer: String,
+    /// The backend the op was computed on (`CPU`, `CUDA0`).
+    pub backend: String,
+}
+
+/// A node as `time_op` sends it: the op, its parameters and device, and its tensors' shapes,
+/// strides and types (`code`: ggml's op code as captured; `None`: the worker finds the op by
+/// its name).
+pub fn time_op_node(node: &NodeInfo) -> serde_json::Value {
+    let tensor = |t: &TensorDesc| serde_json::json!({"ne": t.ne, "nb": t.nb, "type": t.ggml_type, "weight": t.is_weight});
+    serde_json::json!({
+        "op": node.op,
+        "code": node.op_code,
+        "params": node.op_params,
+        "device": node.device,
+        "out": tensor(&node.out),
+        "srcs": node.srcs.iter().map(|s| s.as_ref().map(tensor)).collect::<Vec<_>>(),
+    })
 }
 
 fn tensor_desc(t: &WireTensor) -> TensorDesc {
@@ -432,6 +474,60 @@ mod tests {
             assert!(parse_answer::<Decoded>(junk, 1).is_err(), "{junk:?}");
             assert!(parse_hello(junk).is_err(), "{junk:?}");
         }
+    }
+
+    #[test]
+    fn a_timed_op_answers_every_repetition_and_a_timed_decode_its_expert_ids() {
+        let a: Answer<TimedOp> = parse_answer(
+            r#"{"id":4,"ok":true,"ns":[900,1100,1000],"rotation":3,"weight_buffer":"CPU_REPACK","backend":"CPU"}"#,
+            4,
+        )
+        .unwrap();
+        let Answer::Ok(t) = a else { panic!() };
+        assert_eq!(
+            (t.ns, t.rotation, t.weight_buffer.as_str()),
+            (vec![900, 1100, 1000], 3, "CPU_REPACK")
+        );
+        // a summary is opledger's, never the worker's
+        assert!(parse_answer::<TimedOp>(
+            r#"{"id":4,"ok":true,"ns":[1],"rotation":1,"weight_buffer":"CPU","backend":"CPU","median_ns":1}"#,
+            4
+        )
+        .is_err());
+        let d: Answer<Decoded> = parse_answer(
+            r#"{"id":5,"ok":true,"wall_ns":5,"row_hashes":[1],"non_finite":0,"values":9,"nodes_seen":9,"ids":[{"node":7,"ids":[3,1,0,2]}]}"#,
+            5,
+        )
+        .unwrap();
+        let Answer::Ok(d) = d else { panic!() };
+        assert_eq!(
+            d.ids,
+            Some(vec![WireIds {
+                node: 7,
+                ids: vec![3, 1, 0, 2]
+            }])
+        );
+        assert!(parse_answer::<Decoded>(
+            r#"{"id":5,"ok":true,"wall_ns":5,"row_hashes":[1],"non_finite":0,"values":9,"ids":[{"node":7,"ids":[3],"n_used":1}]}"#,
+            5
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn a_node_to_time_carries_its_op_shapes_strides_types_and_device() {
+        let node = opledger_core::peaks::gemm_probe(None);
+        let v = time_op_node(&node);
+        assert_eq!(v["op"], "MUL_MAT");
+        assert!(v["code"].is_null() && v["device"].is_null());
+        assert_eq!(v["out"]["ne"], serde_json::json!([4096, 512, 1, 1]));
+        assert_eq!(v["srcs"][0]["type"], "f32");
+        assert_eq!(v["srcs"][0]["weight"], true);
+        assert_eq!(
+            v["srcs"][1]["nb"],
+            serde_json::json!([4, 16384, 8388608, 8388608])
+        );
+        assert_eq!(v["srcs"].as_array().unwrap().len(), 2);
     }
 
     #[test]

@@ -120,6 +120,11 @@ const GROUPS: &[(&str, &str, Group)] = &[
         "the worker's bands against the embedded engine's, profiles in turn: within 0.7-1.43",
         worker_bands,
     ),
+    (
+        "ops-worker",
+        "ops timed alone in the worker against the embedded engine (tiny qwen35moe, Gemma 3 270M), and the GEMM peak: within 0.8-1.25",
+        ops_worker,
+    ),
 ];
 
 struct Ctx {
@@ -626,6 +631,142 @@ fn worker_bands(x: &Ctx, c: &mut Claims) -> Result<(), String> {
             String::new(),
         );
     }
+    Ok(())
+}
+
+/// `opledger ops` through the worker and the embedded engine in turn, two rounds each, on the
+/// tiny model and Gemma 3 270M: per op row, the median over rounds of each engine's median; the
+/// geometric mean of worker / embedded over the rows of 5 µs or more (the same kernels on the
+/// same thread pool: the one llama.cpp instrument times what the embedded engine timed), each
+/// row printed. Then the GEMM probe of both engines, in turn.
+fn ops_worker(x: &Ctx, c: &mut Claims) -> Result<(), String> {
+    let w = x.worker()?;
+    let models = [
+        ("tiny", x.synth("tiny-qwen35moe")?),
+        ("gemma3", x.gemma3()?),
+    ];
+    let args = [
+        "ops",
+        "-p",
+        "64",
+        "-r",
+        "1",
+        "--reps",
+        "15",
+        "-t",
+        "1",
+        "-q",
+        "--rotate-mib",
+        "64",
+        "-m",
+    ];
+    for (label, model) in &models {
+        let (mut embedded, mut through) = (Vec::new(), Vec::new());
+        for round in 0..2 {
+            for (list, name, extra) in [
+                (&mut embedded, "e", None),
+                (&mut through, "w", Some(w.as_path())),
+            ] {
+                let dir = x.path(&format!("ops-{label}-{name}{round}"));
+                let mut tail: Vec<&Path> = vec![model, Path::new("-o"), &dir];
+                if let Some(w) = extra {
+                    tail.extend([Path::new("--llama-worker"), w]);
+                }
+                let o = run(&args, &tail)?;
+                expect(&o, &[0], "ops")?;
+                list.push(json(&dir.join("ops.json"))?);
+            }
+        }
+        let rows = |runs: &[serde_json::Value]| -> Result<Vec<(String, f64)>, String> {
+            let first = runs[0]["rows"].as_array().ok_or("ops.json without rows")?;
+            (0..first.len())
+                .map(|i| {
+                    let r = &first[i];
+                    let key = format!("{} {} {}", r["op"], r["signature"], r["routing"]);
+                    let mut m: Vec<f64> = runs
+                        .iter()
+                        .map(|run| num(&run["rows"][i]["median_us"], "median_us"))
+                        .collect::<Result<_, _>>()?;
+                    m.sort_by(f64::total_cmp);
+                    Ok((key, m[m.len() / 2]))
+                })
+                .collect()
+        };
+        let (e, t) = (rows(&embedded)?, rows(&through)?);
+        if e.iter().map(|r| &r.0).ne(t.iter().map(|r| &r.0)) {
+            return Err(format!(
+                "{label}: the worker's op rows differ from the embedded engine's"
+            ));
+        }
+        let mut logs = Vec::new();
+        for ((key, eu), (_, wu)) in e.iter().zip(&t) {
+            eprintln!("    {label} {key}: embedded {eu:.1} µs, worker {wu:.1} µs");
+            if *eu >= 5.0 {
+                logs.push((wu / eu).ln());
+            }
+        }
+        if logs.is_empty() {
+            return Err(format!("{label}: no op row of 5 µs or more"));
+        }
+        let geo = (logs.iter().sum::<f64>() / logs.len() as f64).exp();
+        let (lo, hi) = logs
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), l| (a.min(*l), b.max(*l)));
+        c.add(
+            &format!("{label}: ops worker / embedded"),
+            geo,
+            "0.8 ..= 1.25",
+            (0.8..=1.25).contains(&geo),
+            format!(
+                "{} rows, each {:.2} to {:.2}",
+                logs.len(),
+                lo.exp(),
+                hi.exp()
+            ),
+        );
+    }
+    // the GEMM probe, engines in turn
+    let file = opledger_app::model::ModelFile::open(&models[0].1).map_err(|e| e.to_string())?;
+    let settings = |worker: Option<&Path>| opledger_app::engines::EngineSettings {
+        threads: 1,
+        flash_attn: opledger_app::engines::FlashAttn::Auto,
+        gpu_layers: 0,
+        verbose: false,
+        no_repack: false,
+        knobs: Default::default(),
+        rpc: None,
+        worker: worker.map(|p| opledger_app::engines::WorkerSettings {
+            path: p.to_path_buf(),
+            timeout: opledger_app::engines::DEFAULT_WORKER_TIMEOUT,
+        }),
+    };
+    let kind = opledger_app::engines::EngineKind::LlamaCpp;
+    let open = |s| opledger_app::engines::open_engine(kind, &file, &s).map_err(|e| e.to_string());
+    let mut engines = [open(settings(None))?, open(settings(Some(&w)))?];
+    let mut peaks = [Vec::new(), Vec::new()];
+    for _ in 0..3 {
+        for (e, p) in engines.iter_mut().zip(&mut peaks) {
+            let (gflops, _) = e
+                .gemm_peak()
+                .map_err(|e| e.to_string())?
+                .ok_or("no GEMM peak")?;
+            p.push(gflops);
+        }
+    }
+    for p in &mut peaks {
+        p.sort_by(f64::total_cmp);
+    }
+    let ratio = peaks[1][1] / peaks[0][1];
+    c.add(
+        "GEMM peak worker / embedded",
+        ratio,
+        "0.8 ..= 1.25",
+        (0.8..=1.25).contains(&ratio),
+        format!(
+            "GFLOP/s embedded {:.1} ({:.1}-{:.1}), worker {:.1} ({:.1}-{:.1})",
+            peaks[0][1], peaks[0][0], peaks[0][2], peaks[1][1], peaks[1][0], peaks[1][2]
+        ),
+    );
     Ok(())
 }
 

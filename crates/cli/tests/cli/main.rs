@@ -115,3 +115,4 @@ mod sweep;
 mod waste;
 mod worker;
 mod worker_faults;
+mod worker_ops;
