@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+use opledger_core::calibration::Dispatch;
 use opledger_core::engine::{
-    Capability, ChunkTiming, Engine, EngineError, EngineInfo, GraphCapture, GraphCapturer, Mode,
-    SweepEngine, Work,
+    Capability, ChunkTiming, Engine, EngineError, EngineInfo, GraphCapture, GraphCapturer,
+    IsolationCalibration, Mode, ReplayEngine, SweepEngine, Work,
 };
 use opledger_core::node::NodeInfo;
 use opledger_core::split::Slot;
@@ -22,7 +23,16 @@ use opledger_core::tokens::{
 };
 
 use crate::process::{WorkerError, WorkerProcess};
+
+mod replay;
 use crate::protocol::{Contexts, Decoded, Device, Done, Hello, Loaded, Logits, Saved};
+
+/// Clones the worker computes per round of a replay, one graph per round (PROTOCOL.md,
+/// `replay`).
+pub const CLONES_PER_ROUND: u32 = 16;
+
+/// Rounds of the isolation calibration per calibration (as the embedded engine's).
+const CALIBRATION_ROUNDS: u32 = 5;
 
 /// How to start a worker and load the model in it.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,6 +78,10 @@ pub struct WorkerRpc {
 struct Captured {
     ops: Vec<u32>,
     slots: Vec<Slot>,
+    /// Per observed node: how ggml's CPU backend dispatches it (the calibration graph follows
+    /// it) and whether it is computed on the CPU.
+    dispatch: Vec<Dispatch>,
+    on_cpu: Vec<bool>,
 }
 
 impl Captured {
@@ -92,6 +106,8 @@ pub struct WorkerEngine {
     decode_graph: Option<Captured>,
     sweep: Option<PassOrder>,
     last_mode: Option<Mode>,
+    /// The last replay run's counts as the worker answered them: (replayed, skipped, failed).
+    last_replay: Option<(u32, u32, u32)>,
     /// The processes the noise gate counts as this run's own while the engine lives: the
     /// worker, and the RPC servers on this machine its graph is split over
     /// ([`WorkerEngine::count_as_own`]).
@@ -168,6 +184,7 @@ impl WorkerEngine {
             decode_graph: None,
             sweep: None,
             last_mode: None,
+            last_replay: None,
             own,
         })
     }
@@ -304,13 +321,18 @@ impl WorkerEngine {
         hash: u64,
     ) -> Result<ChunkTiming, EngineError> {
         self.timing_inner(mode, d, graph, hash)
-            .map_err(|e| match e {
-                EngineError::GraphChanged(why) => EngineError::Worker(format!(
-                    "the llama.cpp worker {}: the graph changed between runs: {why}",
-                    self.cfg.worker.display()
-                )),
-                e => e,
-            })
+            .map_err(|e| self.graph_changed(e))
+    }
+
+    /// A graph that changed between runs is the worker's failure.
+    fn graph_changed(&self, e: EngineError) -> EngineError {
+        match e {
+            EngineError::GraphChanged(why) => EngineError::Worker(format!(
+                "the llama.cpp worker {}: the graph changed between runs: {why}",
+                self.cfg.worker.display()
+            )),
+            e => e,
+        }
     }
 
     fn timing_inner(
@@ -519,9 +541,23 @@ impl WorkerEngine {
             ))
         })?;
         let ops = nodes.iter().map(|n| n.op_code.unwrap_or(0)).collect();
+        let all_threads: Vec<bool> = wire.iter().map(|n| n.threads > 1).collect();
+        let dispatch = opledger_core::calibration::dispatch_of(&nodes, &all_threads);
+        let on_cpu = wire
+            .iter()
+            .map(|n| n.device.as_deref().is_none_or(|d| d == "CPU"))
+            .collect();
         // a graph over several devices: the copies between them as transfer nodes
         let (nodes, slots) = opledger_core::split::with_transfers(nodes);
-        Ok((nodes, Captured { ops, slots }))
+        Ok((
+            nodes,
+            Captured {
+                ops,
+                slots,
+                dispatch,
+                on_cpu,
+            },
+        ))
     }
 
     /// ggml's devices as the load left them (the hello's for a worker that lists none there).
@@ -684,10 +720,42 @@ impl Engine for WorkerEngine {
     }
 
     fn supports(&self, c: Capability) -> bool {
-        matches!(
-            c,
-            Capability::Decode | Capability::Logits | Capability::Sweep | Capability::GraphCapture
-        )
+        match c {
+            // a split over RPC servers: a remote node's clones would each be a network round
+            // trip, and the worker refuses them (see `refusal`)
+            Capability::Replay => self.cfg.rpc.is_none(),
+            _ => matches!(
+                c,
+                Capability::Decode
+                    | Capability::Logits
+                    | Capability::Sweep
+                    | Capability::GraphCapture
+            ),
+        }
+    }
+
+    fn refusal(&self, c: Capability) -> Option<String> {
+        (c == Capability::Replay && self.cfg.rpc.is_some()).then(|| {
+            "the model is split over RPC servers, and a remote node's clones would each be a \
+             network round trip timed with the node"
+                .to_string()
+        })
+    }
+
+    fn isolation_cost_us(&mut self) -> Result<Option<f64>, EngineError> {
+        Ok(self.calibrate_isolation()?.map(|c| c.per_node_us))
+    }
+
+    fn calibrate_isolation(&mut self) -> Result<Option<IsolationCalibration>, EngineError> {
+        let graph = self.graph.clone();
+        self.calibrate_graph(graph)
+    }
+
+    fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
+        if self.cfg.rpc.is_some() {
+            return None;
+        }
+        Some(self)
     }
 
     fn logits(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -867,6 +935,11 @@ impl SweepEngine for WorkerEngine {
         }
         Ok(nodes)
     }
+
+    fn calibrate_sweep_decode(&mut self) -> Result<Option<IsolationCalibration>, EngineError> {
+        let graph = self.decode_graph.clone();
+        self.calibrate_graph(graph)
+    }
 }
 
 impl GraphCapturer for WorkerEngine {
@@ -995,10 +1068,14 @@ pub fn cuda_graphs(l: &crate::protocol::LlamaBuild) -> String {
 /// A prefill chunk's hash from its rows' (as the embedded engine's): every token's row folded
 /// in, or the last token's alone.
 fn chunk_hash(d: &Decoded, all_logits: bool) -> u64 {
+    rows_hash(&d.row_hashes, all_logits)
+}
+
+fn rows_hash(row_hashes: &[u64], all_logits: bool) -> u64 {
     if all_logits {
-        d.row_hashes.iter().fold(0u64, |h, r| h.rotate_left(5) ^ r)
+        row_hashes.iter().fold(0u64, |h, r| h.rotate_left(5) ^ r)
     } else {
-        d.row_hashes.first().copied().unwrap_or(0)
+        row_hashes.first().copied().unwrap_or(0)
     }
 }
 
@@ -1102,18 +1179,28 @@ mod tests {
     /// and logits through llama.cpp's, never through a tensor's data pointer.
     #[test]
     fn the_worker_never_reads_a_tensor_through_its_data_pointer() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tools/llama-worker/worker.cpp");
-        let src = std::fs::read_to_string(&path).unwrap();
-        let code: String = src
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("//"))
-            .collect::<Vec<_>>()
-            .join("\n");
-        assert!(
-            !code.contains("->data"),
-            "worker.cpp dereferences a tensor's data"
-        );
+        // every source file of the worker (the requests live in several)
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/llama-worker");
+        let mut code = String::new();
+        let mut files = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if !path.extension().is_some_and(|e| e == "cpp" || e == "h") {
+                continue;
+            }
+            files += 1;
+            let src = std::fs::read_to_string(&path).unwrap();
+            for line in src.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                assert!(
+                    !line.contains("->data"),
+                    "{} dereferences a tensor's data: {line}",
+                    path.display()
+                );
+                code.push_str(line);
+                code.push('\n');
+            }
+        }
+        assert!(files >= 2, "no worker sources in {}", dir.display());
         assert!(code.contains("ggml_backend_tensor_get("));
         assert!(code.contains("llama_get_logits_ith("));
     }

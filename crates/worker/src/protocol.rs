@@ -1,4 +1,4 @@
-//! The worker's line protocol, version 2 (`tools/llama-worker/PROTOCOL.md`): the hello line, the
+//! The worker's line protocol, version 3 (`tools/llama-worker/PROTOCOL.md`): the hello line, the
 //! answers' shapes, and the node records of a capture. Pure: every function takes a line and
 //! returns a typed value or a [`ProtocolError`] that says what was wrong with it (an unknown
 //! field is an error, not a guess).
@@ -8,7 +8,7 @@ use serde::Deserialize;
 use opledger_core::node::{is_view_op, layer_of, NodeInfo, TensorDesc};
 
 /// The protocol version this opledger speaks.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The name a worker gives its protocol in its hello line.
 pub const PROTOCOL_NAME: &str = "opledger-llama-worker";
@@ -238,6 +238,9 @@ pub struct WireNode {
     /// ggml's COMPUTE flag (always true in a llama.cpp that has none).
     pub compute: bool,
     pub params: Vec<i32>,
+    /// The threads ggml's CPU plan gives a graph of this node alone with 64 available (1: the
+    /// CPU backend computes it on one thread).
+    pub threads: u32,
     /// The device of the node's buffer (`CPU`, `CUDA0`), where it has one.
     pub device: Option<String>,
 }
@@ -270,6 +273,37 @@ pub struct Decoded {
     pub ops: Option<Vec<u32>>,
     #[serde(default)]
     pub nodes: Option<Vec<WireNode>>,
+}
+
+/// The answer to `replay`: a decode's figures and what the replays did.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Replayed {
+    /// `llama_decode` and its synchronisation, replays included, ns.
+    pub wall_ns: u64,
+    /// As `decode`'s.
+    pub row_hashes: Vec<u64>,
+    pub non_finite: u64,
+    pub values: u64,
+    pub nodes_seen: u32,
+    /// Clones computed (with `launches`: launch rounds), over every replayed node.
+    pub replayed: u32,
+    /// Nodes marked for replay that were not replayed, and rounds ggml failed to compute.
+    pub skipped: u32,
+    pub failed: u32,
+    /// The first skipped or failed node and why (absent when both counts are 0).
+    #[serde(default)]
+    pub problem: Option<String>,
+}
+
+/// The answer to `calibrate`: the raw rounds of the isolation calibration graph.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Calibrated {
+    /// Per round, per node of the pattern: TIMED ns from ask to observe.
+    pub timed_ns: Vec<Vec<u64>>,
+    /// Per round: the FUSED graph's wall, ns.
+    pub fused_ns: Vec<u64>,
 }
 
 fn tensor_desc(t: &WireTensor) -> TensorDesc {
@@ -335,14 +369,14 @@ pub fn node_infos(nodes: &[WireNode], devices: Option<&[Device]>) -> Result<Vec<
 mod tests {
     use super::*;
 
-    const HELLO: &str = r#"{"protocol":"opledger-llama-worker","version":2,"llama":{"commit":"abc","build":"b7","ggml_version":"0.26.0","ggml_commit":"x","compiler":"gcc 12","build_options":"GGML_AVX2=ON","system_info":"CPU : AVX2 = 1","backends":["CPU"],"devices":[{"name":"CPU","description":"AMD","type":"cpu","memory_total":10,"memory_free":5}]}}"#;
+    const HELLO: &str = r#"{"protocol":"opledger-llama-worker","version":3,"llama":{"commit":"abc","build":"b7","ggml_version":"0.26.0","ggml_commit":"x","compiler":"gcc 12","build_options":"GGML_AVX2=ON","system_info":"CPU : AVX2 = 1","backends":["CPU"],"devices":[{"name":"CPU","description":"AMD","type":"cpu","memory_total":10,"memory_free":5}]}}"#;
 
     #[test]
     fn a_hello_names_the_build_and_another_version_is_refused_by_name() {
         let h = parse_hello(HELLO).unwrap();
         assert_eq!(h.llama.devices[0].name, "CPU");
         assert_eq!(h.build_label(), "llama.cpp b7 (abc), ggml 0.26.0");
-        let v1 = HELLO.replace("\"version\":2", "\"version\":1");
+        let v1 = HELLO.replace("\"version\":3", "\"version\":1");
         let e = parse_hello(&v1).unwrap_err();
         assert_eq!(
             e,
@@ -397,7 +431,7 @@ mod tests {
     /// Garbage, truncated and mangled lines: every one is an error, none a panic.
     #[test]
     fn garbage_and_truncated_lines_are_errors_never_panics() {
-        let good = r#"{"id":1,"ok":true,"wall_ns":5,"row_hashes":[1,2],"non_finite":0,"values":9,"nodes_seen":2,"ops":[1,2],"nodes":[{"op":"ADD","code":2,"out":{"name":"a-0","ne":[1,1,1,1],"nb":[4,4,4,4],"type":"f32","bytes":4,"weight":false},"srcs":[null],"view_src":false,"compute":true,"params":[],"device":"CPU"}]}"#;
+        let good = r#"{"id":1,"ok":true,"wall_ns":5,"row_hashes":[1,2],"non_finite":0,"values":9,"nodes_seen":2,"ops":[1,2],"nodes":[{"op":"ADD","code":2,"out":{"name":"a-0","ne":[1,1,1,1],"nb":[4,4,4,4],"type":"f32","bytes":4,"weight":false},"srcs":[null],"view_src":false,"compute":true,"params":[],"threads":1,"device":"CPU"}]}"#;
         assert!(matches!(
             parse_answer::<Decoded>(good, 1),
             Ok(Answer::Ok(_))
@@ -453,6 +487,7 @@ mod tests {
             view_src,
             compute: true,
             params: vec![],
+            threads: 64,
             device: Some("CPU".into()),
         };
         let nodes = vec![

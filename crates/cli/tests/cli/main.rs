@@ -114,3 +114,4 @@ mod soundness;
 mod sweep;
 mod waste;
 mod worker;
+mod worker_replay;

@@ -23,7 +23,7 @@ fn repo() -> PathBuf {
 }
 
 /// The worker built once against the llama.cpp libraries of this very build.
-fn worker() -> PathBuf {
+pub(crate) fn worker() -> PathBuf {
     static W: OnceLock<PathBuf> = OnceLock::new();
     W.get_or_init(|| {
         let exe = bin();
