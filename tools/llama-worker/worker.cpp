@@ -287,6 +287,9 @@ static Observe observe_of(const std::string & s) {
     if (s == "timed") {
         return Observe::Timed;
     }
+    if (s == "replay") {
+        return Observe::Replay;
+    }
     throw std::runtime_error("field 'observe' must be count, capture or timed");
 }
 
@@ -316,7 +319,7 @@ static int decode_batch(Ctx & c, const std::vector<int32_t> & tokens, const std:
 
 // "decode": sequence 0, tokens at pos0.., in batches of n_batch; logits of the last token or of
 // every token. "step": one token per sequence first_seq.. at one position, logits for each.
-static void op_decode(Worker & w, const Json & req, std::string & out, bool step) {
+void op_decode(Worker & w, const Json & req, std::string & out, bool step) {
     Ctx & c = w.pick(req);
     std::vector<int32_t> tokens = ints_field(req, "tokens");
     if (tokens.empty()) {
@@ -340,6 +343,9 @@ static void op_decode(Worker & w, const Json & req, std::string & out, bool step
         }
         c.obs->reset(observe_of(observe));
         c.obs->capture_ids = capture_ids;
+        if (c.obs->mode == Observe::Replay && c.obs->replayer == nullptr) {
+            throw std::runtime_error("observe 'replay' belongs to the 'replay' request");
+        }
     } else if (c.obs) {
         c.obs->reset(Observe::Count);
     }
@@ -425,7 +431,7 @@ static void op_decode(Worker & w, const Json & req, std::string & out, bool step
             out += "],\"tail_ns\":";
             json_u64(out, o.last_end && end_ns > o.last_end ? end_ns - o.last_end : 0);
         }
-        if (o.mode != Observe::Count) {
+        if (o.mode == Observe::Capture || o.mode == Observe::Timed) {
             out += ",\"ops\":[";
             for (size_t k = 0; k < o.ops.size(); k++) {
                 out += (k ? "," : "") + std::to_string(o.ops[k]);
@@ -539,6 +545,10 @@ static void handle(Worker & w, const Json & req, std::string & out) {
         op_logits(w, req, out);
     } else if (op == "time_op") {
         op_time_op(w, req, out);
+    } else if (op == "replay") {
+        op_replay(w, req, out);
+    } else if (op == "calibrate") {
+        op_calibrate(w, req, out);
     } else {
         throw std::runtime_error("unknown op '" + op + "'");
     }

@@ -352,7 +352,17 @@ inline std::string log_tail(size_t n) {
 // ---------------------------------------------------------------------------------------------
 // The instrument (the eval callback).
 
-enum class Observe { Count, Capture, Timed };
+enum class Observe { Count, Capture, Timed, Replay };
+
+// In-graph replay (replay.cpp): the plan and resources of one replay request. The instrument
+// asks it at each node in Replay mode.
+struct Replayer;
+bool replay_ask(Replayer & r, uint32_t index);
+bool replay_observe(Replayer & r, uint32_t index, ggml_tensor * t);
+// Capture mode: what a replay's scratch buffer on the node's device must hold.
+void replay_note_scratch(std::vector<std::pair<ggml_backend_dev_t, size_t>> & need, const ggml_tensor * t);
+// calibrate.cpp: the threads ggml's CPU plan gives a graph of this node alone (64 available).
+int cpu_plan_threads(const ggml_tensor * t);
 
 inline uint64_t now_ns() {
     return (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -422,6 +432,10 @@ struct Observer {
     uint64_t t_ask = 0;
     uint64_t last_end = 0;
     ggml_backend_dev_t last_device = nullptr;
+    // Replay mode: the request's plan and resources (set by op_replay for one decode)
+    Replayer * replayer = nullptr;
+    // the last capture: the largest node output per computing device (replay scratch sizes)
+    std::vector<std::pair<ggml_backend_dev_t, size_t>> scratch_need;
 
     void reset(Observe m) {
         mode = m;
@@ -436,6 +450,9 @@ struct Observer {
         t_ask = 0;
         last_end = 0;
         last_device = nullptr;
+        if (m == Observe::Capture) {
+            scratch_need.clear();
+        }
     }
 
     void tensor(std::string & out, const ggml_tensor * t) const {
@@ -505,7 +522,9 @@ struct Observer {
         for (int k = 0; k < n; k++) {
             out += (k ? "," : "") + std::to_string(t->op_params[k]);
         }
-        out += "],\"device\":";
+        out += "],\"threads\":" + std::to_string(cpu_plan_threads(t));
+        replay_note_scratch(scratch_need, t);
+        out += ",\"device\":";
         const char * dev = device_name(t);
         if (dev) {
             json_str(out, dev);
@@ -563,6 +582,11 @@ struct Observer {
                     }
                     return true;
                 }
+            case Observe::Replay:
+                if (ask) {
+                    return replay_ask(*replayer, nodes_seen++);
+                }
+                return replay_observe(*replayer, nodes_seen - 1, t);
         }
         return true;
     }
@@ -593,6 +617,8 @@ struct Ctx {
 
 struct Worker {
     llama_model * model = nullptr;
+    // in-graph replay's backends and scratch buffers, kept between requests (replay.cpp)
+    std::shared_ptr<Replayer> replayer;
     ggml_threadpool * pool = nullptr;
     int threads = 0;
     Ctx plain;
@@ -600,6 +626,7 @@ struct Worker {
     int32_t n_vocab = 0;
 
     ~Worker() {
+        replayer.reset();
         free_contexts();
         if (model) {
             llama_model_free(model);
@@ -673,3 +700,8 @@ inline uint64_t hash_row(const float * v, size_t n) {
     return h;
 }
 
+
+// Requests served outside worker.cpp.
+void op_decode(Worker & w, const Json & req, std::string & out, bool step);
+void op_replay(Worker & w, const Json & req, std::string & out);
+void op_calibrate(Worker & w, const Json & req, std::string & out);

@@ -6,6 +6,7 @@
 pub mod ab;
 pub mod arch;
 pub mod band;
+pub mod calibration;
 pub mod census;
 pub mod device;
 pub mod engine;

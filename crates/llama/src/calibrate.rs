@@ -30,16 +30,7 @@ use crate::ggml::{CpuBackend, GgmlContext, Sched};
 use crate::observer::{eval_trampoline, ObserveMode, Observer};
 use crate::threadpool::ThreadPool;
 
-/// How ggml's CPU backend dispatches a node: what the calibration graph mirrors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dispatch {
-    /// No work: a view, or a node the backend skips (computed on one thread, if at all).
-    Idle,
-    /// Work on one thread (ops ggml does not split: SUM_ROWS, GET_ROWS, SIGMOID, ...).
-    OneThread,
-    /// Work split over every thread of the pool.
-    AllThreads,
-}
+pub use opledger_core::calibration::{isolation_from, CalibrationRound, Dispatch};
 
 /// The calibration's result.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,54 +61,6 @@ pub struct IsolationCost {
     /// Nodes the callback observed over the timed rounds (`nodes` x rounds when every node went
     /// through it).
     pub observed: u32,
-}
-
-/// One timed round of the calibration: the TIMED µs of every node in graph order, and the
-/// FUSED µs of the whole graph.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CalibrationRound {
-    pub timed_us: Vec<f64>,
-    pub fused_us: f64,
-}
-
-/// The isolation cost from the calibration's rounds (pure). `working[i]`: node i does work.
-/// Returns (mean TIMED working node, FUSED µs per working node, each node's isolation): a
-/// node's isolation is the mean over rounds of its TIMED time less the FUSED share of a working
-/// node (the median over rounds of FUSED graph / working nodes), at least 0, and 0 for a node
-/// without work. Means over rounds, not medians: whether a node must wake the pool varies from
-/// round to round, and the correction must remove what it costs on average.
-pub fn isolation_from(rounds: &[CalibrationRound], working: &[bool]) -> (f64, f64, Vec<f64>) {
-    let n_working = working.iter().filter(|&&w| w).count().max(1) as f64;
-    let n_rounds = rounds.len().max(1) as f64;
-    let mut fused: Vec<f64> = rounds.iter().map(|r| r.fused_us / n_working).collect();
-    fused.sort_by(f64::total_cmp);
-    let fused_share = match fused.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => fused[n / 2],
-        n => (fused[n / 2 - 1] + fused[n / 2]) / 2.0,
-    };
-    let mean_timed: Vec<f64> = (0..working.len())
-        .map(|i| {
-            rounds
-                .iter()
-                .map(|r| r.timed_us.get(i).copied().unwrap_or(0.0))
-                .sum::<f64>()
-                / n_rounds
-        })
-        .collect();
-    let timed_working = mean_timed
-        .iter()
-        .zip(working)
-        .filter(|(_, &w)| w)
-        .map(|(t, _)| t)
-        .sum::<f64>()
-        / n_working;
-    let each = mean_timed
-        .iter()
-        .zip(working)
-        .map(|(t, &w)| if w { (t - fused_share).max(0.0) } else { 0.0 })
-        .collect();
-    (timed_working, fused_share, each)
 }
 
 /// Measures the isolation cost on a calibration graph that follows `pattern`, node for node: a
@@ -297,37 +240,5 @@ pub fn isolation_cost(
             working: singles.len() as u32,
             observed,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_node_pays_its_own_mean_timed_time_less_a_working_node_s_fused_share() {
-        let round = |timed: &[f64], fused: f64| CalibrationRound {
-            timed_us: timed.to_vec(),
-            fused_us: fused,
-        };
-        // a view, then 3 working nodes, the second after a one-thread node waking the pool in
-        // two rounds of three; FUSED graphs of 6, 9, 7.5 µs: 2, 3, 2.5 a working node (median
-        // 2.5)
-        let working = [false, true, true, true];
-        let rounds = [
-            round(&[12.0, 3.0, 21.5, 3.5], 6.0),
-            round(&[12.0, 3.5, 3.5, 3.5], 9.0),
-            round(&[12.0, 3.5, 21.5, 2.0], 7.5),
-        ];
-        let (timed, fused, each) = isolation_from(&rounds, &working);
-        assert_eq!(fused, 2.5);
-        // means over rounds: 3.333.., 15.5, 3 -> less 2.5; the view costs nothing to correct
-        let want = [0.0, 10.0 / 3.0 - 2.5, 13.0, 0.5];
-        for (e, w) in each.iter().zip(want) {
-            assert!((e - w).abs() < 1e-12, "{each:?}");
-        }
-        assert!((timed - (10.0 / 3.0 + 15.5 + 3.0) / 3.0).abs() < 1e-12);
-        // a TIMED node cheaper than its fused share costs nothing to isolate, never less
-        assert_eq!(isolation_from(&[round(&[1.0], 40.0)], &[true]).2, vec![0.0]);
     }
 }

@@ -123,7 +123,7 @@ impl CapturedGraph {
         ops: Vec<u32>,
         all_threads: &[bool],
     ) -> (CapturedGraph, Vec<NodeInfo>) {
-        let dispatch = dispatch_of(&nodes, all_threads);
+        let dispatch = opledger_core::calibration::dispatch_of(&nodes, all_threads);
         let scratch_bytes = nodes
             .iter()
             .map(|n| n.out.size_bytes as usize)
@@ -1224,22 +1224,6 @@ fn calibrate(
         per_node_us,
         each_node_us,
     }))
-}
-
-fn dispatch_of(nodes: &[NodeInfo], all_threads: &[bool]) -> Vec<crate::calibrate::Dispatch> {
-    nodes
-        .iter()
-        .zip(all_threads.iter().chain(std::iter::repeat(&true)))
-        .map(|(n, &all)| {
-            if !n.is_working() {
-                crate::calibrate::Dispatch::Idle
-            } else if all {
-                crate::calibrate::Dispatch::AllThreads
-            } else {
-                crate::calibrate::Dispatch::OneThread
-            }
-        })
-        .collect()
 }
 
 /// The tokens of one sweep decode step at position `pos`: one per forked sequence, each

@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+use opledger_core::calibration::Dispatch;
 use opledger_core::engine::{
-    Capability, ChunkTiming, Engine, EngineError, EngineInfo, GraphCapture, GraphCapturer, Mode,
-    OpTime, OpTimeRequest, OpTimer, SweepEngine, Work,
+    Capability, ChunkTiming, Engine, EngineError, EngineInfo, GraphCapture, GraphCapturer,
+    IsolationCalibration, Mode, OpTime, OpTimeRequest, OpTimer, ReplayEngine, SweepEngine, Work,
 };
 use opledger_core::node::NodeInfo;
 use opledger_core::split::Slot;
@@ -22,9 +23,18 @@ use opledger_core::tokens::{
 };
 
 use crate::process::{WorkerError, WorkerProcess};
+
+mod replay;
 use crate::protocol::{
     Contexts, Decoded, Device, Done, Hello, Loaded, Logits, Saved, TimedOp, WireIds,
 };
+
+/// Clones the worker computes per round of a replay, one graph per round (PROTOCOL.md,
+/// `replay`).
+pub const CLONES_PER_ROUND: u32 = 16;
+
+/// Rounds of the isolation calibration per calibration (as the embedded engine's).
+const CALIBRATION_ROUNDS: u32 = 5;
 
 /// How to start a worker and load the model in it.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,6 +80,10 @@ pub struct WorkerRpc {
 struct Captured {
     ops: Vec<u32>,
     slots: Vec<Slot>,
+    /// Per observed node: how ggml's CPU backend dispatches it (the calibration graph follows
+    /// it) and whether it is computed on the CPU.
+    dispatch: Vec<Dispatch>,
+    on_cpu: Vec<bool>,
 }
 
 impl Captured {
@@ -98,6 +112,8 @@ pub struct WorkerEngine {
     /// last answer's.
     capture_ids: bool,
     ids: Vec<WireIds>,
+    /// The last replay run's counts as the worker answered them: (replayed, skipped, failed).
+    last_replay: Option<(u32, u32, u32)>,
     /// The processes the noise gate counts as this run's own while the engine lives: the
     /// worker, and the RPC servers on this machine its graph is split over
     /// ([`WorkerEngine::count_as_own`]).
@@ -176,6 +192,7 @@ impl WorkerEngine {
             last_mode: None,
             capture_ids: false,
             ids: Vec::new(),
+            last_replay: None,
             own,
         })
     }
@@ -332,13 +349,18 @@ impl WorkerEngine {
         hash: u64,
     ) -> Result<ChunkTiming, EngineError> {
         self.timing_inner(mode, d, graph, hash)
-            .map_err(|e| match e {
-                EngineError::GraphChanged(why) => EngineError::Worker(format!(
-                    "the llama.cpp worker {}: the graph changed between runs: {why}",
-                    self.cfg.worker.display()
-                )),
-                e => e,
-            })
+            .map_err(|e| self.graph_changed(e))
+    }
+
+    /// A graph that changed between runs is the worker's failure.
+    fn graph_changed(&self, e: EngineError) -> EngineError {
+        match e {
+            EngineError::GraphChanged(why) => EngineError::Worker(format!(
+                "the llama.cpp worker {}: the graph changed between runs: {why}",
+                self.cfg.worker.display()
+            )),
+            e => e,
+        }
     }
 
     fn timing_inner(
@@ -547,9 +569,23 @@ impl WorkerEngine {
             ))
         })?;
         let ops = nodes.iter().map(|n| n.op_code.unwrap_or(0)).collect();
+        let all_threads: Vec<bool> = wire.iter().map(|n| n.threads > 1).collect();
+        let dispatch = opledger_core::calibration::dispatch_of(&nodes, &all_threads);
+        let on_cpu = wire
+            .iter()
+            .map(|n| n.device.as_deref().is_none_or(|d| d == "CPU"))
+            .collect();
         // a graph over several devices: the copies between them as transfer nodes
         let (nodes, slots) = opledger_core::split::with_transfers(nodes);
-        Ok((nodes, Captured { ops, slots }))
+        Ok((
+            nodes,
+            Captured {
+                ops,
+                slots,
+                dispatch,
+                on_cpu,
+            },
+        ))
     }
 
     /// ggml's devices as the load left them (the hello's for a worker that lists none there).
@@ -715,6 +751,9 @@ impl Engine for WorkerEngine {
         match c {
             // a split model's remote nodes live on servers the worker has no backend for here
             Capability::OpTiming => self.cfg.rpc.is_none(),
+            // a split over RPC servers: a remote node's clones would each be a network round
+            // trip, and the worker refuses them (see `refusal`)
+            Capability::Replay => self.cfg.rpc.is_none(),
             _ => matches!(
                 c,
                 Capability::Decode
@@ -751,6 +790,30 @@ impl Engine for WorkerEngine {
             },
         )?;
         Ok(opledger_core::peaks::gemm_peak_of(t.median_us))
+    }
+
+    fn refusal(&self, c: Capability) -> Option<String> {
+        (c == Capability::Replay && self.cfg.rpc.is_some()).then(|| {
+            "the model is split over RPC servers, and a remote node's clones would each be a \
+             network round trip timed with the node"
+                .to_string()
+        })
+    }
+
+    fn isolation_cost_us(&mut self) -> Result<Option<f64>, EngineError> {
+        Ok(self.calibrate_isolation()?.map(|c| c.per_node_us))
+    }
+
+    fn calibrate_isolation(&mut self) -> Result<Option<IsolationCalibration>, EngineError> {
+        let graph = self.graph.clone();
+        self.calibrate_graph(graph)
+    }
+
+    fn as_replay(&mut self) -> Option<&mut dyn ReplayEngine> {
+        if self.cfg.rpc.is_some() {
+            return None;
+        }
+        Some(self)
     }
 
     fn logits(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -1027,6 +1090,11 @@ impl SweepEngine for WorkerEngine {
         }
         Ok(nodes)
     }
+
+    fn calibrate_sweep_decode(&mut self) -> Result<Option<IsolationCalibration>, EngineError> {
+        let graph = self.decode_graph.clone();
+        self.calibrate_graph(graph)
+    }
 }
 
 impl GraphCapturer for WorkerEngine {
@@ -1155,10 +1223,14 @@ pub fn cuda_graphs(l: &crate::protocol::LlamaBuild) -> String {
 /// A prefill chunk's hash from its rows' (as the embedded engine's): every token's row folded
 /// in, or the last token's alone.
 fn chunk_hash(d: &Decoded, all_logits: bool) -> u64 {
+    rows_hash(&d.row_hashes, all_logits)
+}
+
+fn rows_hash(row_hashes: &[u64], all_logits: bool) -> u64 {
     if all_logits {
-        d.row_hashes.iter().fold(0u64, |h, r| h.rotate_left(5) ^ r)
+        row_hashes.iter().fold(0u64, |h, r| h.rotate_left(5) ^ r)
     } else {
-        d.row_hashes.first().copied().unwrap_or(0)
+        row_hashes.first().copied().unwrap_or(0)
     }
 }
 
@@ -1263,8 +1335,9 @@ mod tests {
     /// pointer.
     #[test]
     fn the_worker_never_reads_a_tensor_through_its_data_pointer() {
+        // every source file of the worker (the requests live in several)
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/llama-worker");
-        let mut all = String::new();
+        let mut code = String::new();
         let mut files = 0;
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
@@ -1272,25 +1345,19 @@ mod tests {
                 continue;
             }
             files += 1;
-            let code: String = std::fs::read_to_string(&path)
-                .unwrap()
-                .lines()
-                .filter(|l| !l.trim_start().starts_with("//"))
-                .collect::<Vec<_>>()
-                .join("\n");
-            assert!(
-                !code.contains("->data"),
-                "{} dereferences a tensor's data",
-                path.display()
-            );
-            all += &code;
+            let src = std::fs::read_to_string(&path).unwrap();
+            for line in src.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                assert!(
+                    !line.contains("->data"),
+                    "{} dereferences a tensor's data: {line}",
+                    path.display()
+                );
+                code.push_str(line);
+                code.push('\n');
+            }
         }
-        assert!(
-            files >= 2,
-            "the worker's sources were not found in {}",
-            dir.display()
-        );
-        assert!(all.contains("ggml_backend_tensor_get("));
-        assert!(all.contains("llama_get_logits_ith("));
+        assert!(files >= 2, "no worker sources in {}", dir.display());
+        assert!(code.contains("ggml_backend_tensor_get("));
+        assert!(code.contains("llama_get_logits_ith("));
     }
 }

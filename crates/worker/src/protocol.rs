@@ -238,6 +238,9 @@ pub struct WireNode {
     /// ggml's COMPUTE flag (always true in a llama.cpp that has none).
     pub compute: bool,
     pub params: Vec<i32>,
+    /// The threads ggml's CPU plan gives a graph of this node alone with 64 available (1: the
+    /// CPU backend computes it on one thread).
+    pub threads: u32,
     /// The device of the node's buffer (`CPU`, `CUDA0`), where it has one.
     pub device: Option<String>,
 }
@@ -312,6 +315,37 @@ pub fn time_op_node(node: &NodeInfo) -> serde_json::Value {
         "out": tensor(&node.out),
         "srcs": node.srcs.iter().map(|s| s.as_ref().map(tensor)).collect::<Vec<_>>(),
     })
+}
+
+/// The answer to `replay`: a decode's figures and what the replays did.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Replayed {
+    /// `llama_decode` and its synchronisation, replays included, ns.
+    pub wall_ns: u64,
+    /// As `decode`'s.
+    pub row_hashes: Vec<u64>,
+    pub non_finite: u64,
+    pub values: u64,
+    pub nodes_seen: u32,
+    /// Clones computed (with `launches`: launch rounds), over every replayed node.
+    pub replayed: u32,
+    /// Nodes marked for replay that were not replayed, and rounds ggml failed to compute.
+    pub skipped: u32,
+    pub failed: u32,
+    /// The first skipped or failed node and why (absent when both counts are 0).
+    #[serde(default)]
+    pub problem: Option<String>,
+}
+
+/// The answer to `calibrate`: the raw rounds of the isolation calibration graph.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Calibrated {
+    /// Per round, per node of the pattern: TIMED ns from ask to observe.
+    pub timed_ns: Vec<Vec<u64>>,
+    /// Per round: the FUSED graph's wall, ns.
+    pub fused_ns: Vec<u64>,
 }
 
 fn tensor_desc(t: &WireTensor) -> TensorDesc {
@@ -439,7 +473,7 @@ mod tests {
     /// Garbage, truncated and mangled lines: every one is an error, none a panic.
     #[test]
     fn garbage_and_truncated_lines_are_errors_never_panics() {
-        let good = r#"{"id":1,"ok":true,"wall_ns":5,"row_hashes":[1,2],"non_finite":0,"values":9,"nodes_seen":2,"ops":[1,2],"nodes":[{"op":"ADD","code":2,"out":{"name":"a-0","ne":[1,1,1,1],"nb":[4,4,4,4],"type":"f32","bytes":4,"weight":false},"srcs":[null],"view_src":false,"compute":true,"params":[],"device":"CPU"}]}"#;
+        let good = r#"{"id":1,"ok":true,"wall_ns":5,"row_hashes":[1,2],"non_finite":0,"values":9,"nodes_seen":2,"ops":[1,2],"nodes":[{"op":"ADD","code":2,"out":{"name":"a-0","ne":[1,1,1,1],"nb":[4,4,4,4],"type":"f32","bytes":4,"weight":false},"srcs":[null],"view_src":false,"compute":true,"params":[],"threads":1,"device":"CPU"}]}"#;
         assert!(matches!(
             parse_answer::<Decoded>(good, 1),
             Ok(Answer::Ok(_))
@@ -549,6 +583,7 @@ mod tests {
             view_src,
             compute: true,
             params: vec![],
+            threads: 64,
             device: Some("CPU".into()),
         };
         let nodes = vec![

@@ -116,3 +116,4 @@ mod waste;
 mod worker;
 mod worker_faults;
 mod worker_ops;
+mod worker_replay;
