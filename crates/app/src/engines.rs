@@ -87,22 +87,38 @@ pub struct WorkerSettings {
 pub const DEFAULT_WORKER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl EngineSettings {
-    /// The worker these settings run llama.cpp in: a `worker=` knob, else `--llama-worker`;
-    /// `None` for the embedded llama.cpp (`worker=embedded`, or neither).
-    pub fn worker(&self) -> Option<WorkerSettings> {
+    /// The worker these settings run llama.cpp in: a `worker=` knob, else `--llama-worker`,
+    /// else the worker cargo built with this opledger (`opledger_worker::bundled`, also named
+    /// by `worker=bundled`); `None` for the embedded llama.cpp (`worker=embedded`).
+    pub fn worker(&self) -> Result<Option<WorkerSettings>> {
         let timeout = self
             .worker
             .as_ref()
             .map_or(DEFAULT_WORKER_TIMEOUT, |w| w.timeout);
-        match self.knobs.get("worker") {
+        Ok(match self.knobs.get("worker") {
             Some("embedded") => None,
+            Some(BUNDLED) => Some(bundled(timeout)?),
             Some(path) => Some(WorkerSettings {
                 path: path.into(),
                 timeout,
             }),
-            None => self.worker.clone(),
-        }
+            None => match &self.worker {
+                Some(w) => Some(w.clone()),
+                None => Some(bundled(timeout)?),
+            },
+        })
     }
+}
+
+/// The knob value and manifest name of the worker cargo built with this opledger.
+pub const BUNDLED: &str = "bundled";
+
+/// The bundled worker, written out on first use.
+fn bundled(timeout: std::time::Duration) -> Result<WorkerSettings> {
+    Ok(WorkerSettings {
+        path: opledger_worker::bundled::path().map_err(anyhow::Error::msg)?,
+        timeout,
+    })
 }
 
 /// A model split across this machine's CPU and remote RPC servers (`--rpc`, `--rpc-split`).
@@ -196,7 +212,7 @@ impl EngineSettings {
                     "worker",
                     self.worker
                         .as_ref()
-                        .map_or("embedded".to_string(), |w| w.path.display().to_string()),
+                        .map_or(BUNDLED.to_string(), |w| w.path.display().to_string()),
                 ),
             ]
             .into_iter()
@@ -230,8 +246,10 @@ pub fn open_engine(
     }
     // --llama-worker applies to the llama.cpp engine of a command (a ledger's candle side
     // runs as it always does); a worker= knob on another engine was refused above
-    if let Some(w) = settings.worker().filter(|_| kind == EngineKind::LlamaCpp) {
-        return open_worker(model, settings, &w);
+    if kind == EngineKind::LlamaCpp {
+        if let Some(w) = settings.worker()? {
+            return open_worker(model, settings, &w);
+        }
     }
     if let Some(k) = settings.knobs.0.keys().find(|k| k.starts_with(ENV_KNOB)) {
         bail!(
@@ -485,16 +503,20 @@ mod tests {
     }
 
     #[test]
-    fn a_side_s_worker_knob_overrides_the_flag_and_embedded_names_the_linked_engine() {
+    fn a_side_s_worker_knob_overrides_the_flag_and_the_bundled_worker_is_the_default() {
         let mut s = EngineSettings::new(2);
-        assert_eq!(s.worker(), None);
+        let bundled = opledger_worker::bundled::path().unwrap();
+        assert_eq!(s.worker().unwrap().unwrap().path, bundled);
         s.worker = Some(WorkerSettings {
             path: "/w/flag".into(),
             timeout: std::time::Duration::from_secs(7),
         });
-        assert_eq!(s.worker().unwrap().path, std::path::Path::new("/w/flag"));
+        assert_eq!(
+            s.worker().unwrap().unwrap().path,
+            std::path::Path::new("/w/flag")
+        );
         s.knobs = "worker=/w/knob".parse().unwrap();
-        let w = s.worker().unwrap();
+        let w = s.worker().unwrap().unwrap();
         // the knob's worker, with the flag's timeout
         assert_eq!(
             (w.path.as_path(), w.timeout),
@@ -503,12 +525,14 @@ mod tests {
                 std::time::Duration::from_secs(7)
             )
         );
+        s.knobs = "worker=bundled".parse().unwrap();
+        assert_eq!(s.worker().unwrap().unwrap().path, bundled);
         s.knobs = "worker=embedded".parse().unwrap();
-        assert_eq!(s.worker(), None);
+        assert_eq!(s.worker().unwrap(), None);
         // the defaults an A/B resolves name the engine each side runs
         assert_eq!(
             EngineSettings::new(2).resolved_defaults(64).get("worker"),
-            Some("embedded")
+            Some("bundled")
         );
     }
 
