@@ -5,7 +5,6 @@
 //! counts follow from the architecture and the routing the run used.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use opledger_app::model::ModelFile;
 use opledger_candle::{CandleConfig, CandleEngine};
@@ -14,9 +13,7 @@ use opledger_core::band::{Assignment, BandRules};
 use opledger_core::engine::{Engine, Mode, Work};
 use opledger_core::node::{weight_token, NodeInfo};
 use opledger_core::profile::{analyse, measure, ProfileConfig};
-use opledger_core::tokens::filler_tokens;
 use opledger_gguf::{synthesize, GgmlType, GgufFile, GgufWriter, SynthOptions, TensorSpec};
-use opledger_llama::{Backend, Context, ContextParams, FlashAttn, Model, ModelParams, ThreadPool};
 
 /// How close two engines' logits must be.
 struct Tolerance {
@@ -85,54 +82,28 @@ fn candle_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
     e.last_logits().to_vec()
 }
 
-/// The logits llama.cpp computes for `work`: the context filled to the depth in chunk-sized
-/// batches, then the chunk, with the same filler tokens the engines use.
+/// The logits llama.cpp computes for `work` (FUSED runs of the bundled worker, as `--engine
+/// llama.cpp` opens it): the last row, or with `all_logits` every row of the chunk, row `i` as
+/// the last row of the chunk's first `i + 1` tokens at the same depth (filler tokens are fixed
+/// by position, and attention is causal, so it is the row the whole chunk computes there).
 fn llama_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
-    let backend = Backend::init(false);
-    let model = Arc::new(
-        Model::load(
-            &backend,
-            &opledger_gguf::LlamaLoadable::open(path).unwrap(),
-            &ModelParams {
-                gpu_layers: 0,
-                no_repack: false,
-                rpc: None,
+    let mut e = crate::llama_cpp(path, &opledger_app::engines::EngineSettings::new(2));
+    let last_of = |e: &mut Box<dyn Engine>, chunk: u32| -> Vec<f32> {
+        let rows = decode_logits(
+            e.as_mut(),
+            &Work {
+                chunk_tokens: chunk,
+                all_logits: false,
+                ..w.clone()
             },
-        )
-        .unwrap(),
-    );
-    let pool = Arc::new(ThreadPool::new(2).unwrap());
-    let needed = (w.depth_tokens + w.chunk_tokens) as u64;
-    let mut ctx = Context::new(
-        model.clone(),
-        pool,
-        &ContextParams {
-            n_ctx: (needed.div_ceil(256) * 256) as u32,
-            n_batch: w.chunk_tokens,
-            n_ubatch: w.chunk_tokens,
-            flash_attn: FlashAttn::Auto,
-            instrumented: false,
-            split: false,
-            n_seq_max: 1,
-            kv_unified: false,
-            type_k: None,
-            type_v: None,
-        },
-    )
-    .unwrap();
-    let vocab = model.n_vocab();
-    if w.depth_tokens > 0 {
-        let fill = filler_tokens(w.token_seed, 0, w.depth_tokens, vocab);
-        ctx.decode(&fill, 0, false).unwrap();
-    }
-    let chunk = filler_tokens(w.token_seed, w.depth_tokens, w.chunk_tokens, vocab);
-    ctx.decode(&chunk, w.depth_tokens, w.all_logits).unwrap();
+        );
+        assert_eq!(rows.len(), 1, "llama.cpp's last row of a chunk of {chunk}");
+        rows.into_iter().next().unwrap()
+    };
     if w.all_logits {
-        (0..w.chunk_tokens as i32)
-            .map(|i| ctx.logits(i).unwrap())
-            .collect()
+        (1..=w.chunk_tokens).map(|n| last_of(&mut e, n)).collect()
     } else {
-        vec![ctx.logits(-1).unwrap()]
+        vec![last_of(&mut e, w.chunk_tokens)]
     }
 }
 
@@ -538,13 +509,10 @@ fn candle_decode_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
     e.last_logits().to_vec()
 }
 
+/// The same from llama.cpp as `--engine llama.cpp` opens it (the bundled worker).
 fn llama_decode_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
-    let mut e = opledger_llama::LlamaEngine::load(opledger_llama::LlamaConfig::new(
-        opledger_gguf::LlamaLoadable::open(path).unwrap(),
-        2,
-    ))
-    .unwrap();
-    decode_logits(&mut e, w)
+    let mut e = crate::llama_cpp(path, &opledger_app::engines::EngineSettings::new(2));
+    decode_logits(e.as_mut(), w)
 }
 
 #[test]

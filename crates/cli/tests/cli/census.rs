@@ -1,31 +1,29 @@
 //! The graph census on real llama.cpp graphs of tiny synthetic models: the cheap capture (abort
 //! after the first node) sees the same graph as a full run, every count the architecture
-//! predicts is found, counts do not depend on widths, and a wrong band rule is caught.
+//! predicts is found, counts do not depend on widths, and a wrong band rule is caught. llama.cpp
+//! is opened as `--engine llama.cpp` opens it: the bundled worker, in its own process.
 
 use std::path::{Path, PathBuf};
 
+use opledger_app::engines::{EngineSettings, FlashAttn};
 use opledger_app::model::ModelFile;
 use opledger_core::band::{BandRules, Categoriser};
 use opledger_core::census::{census, Census};
-use opledger_core::engine::{Engine, GraphCapturer, Work};
+use opledger_core::engine::{Engine, GraphCapture, Work};
 use opledger_gguf::synth::TINY_QWEN35MOE;
 use opledger_gguf::{synthesize, synthesize_preset, Preset, SynthOptions};
-use opledger_llama::{FlashAttn, LlamaConfig, LlamaEngine};
 
-fn engine(path: &Path, flash_attn: FlashAttn, no_repack: bool) -> LlamaEngine {
-    LlamaEngine::load(LlamaConfig {
-        model: opledger_gguf::LlamaLoadable::open(path).unwrap(),
-        threads: 2,
-        flash_attn,
-        gpu_layers: 0,
-        no_repack,
-        ubatch: None,
-        type_k: None,
-        type_v: None,
-        verbose: false,
-        rpc: None,
-    })
-    .unwrap()
+/// llama.cpp on 2 threads (`no_repack`: loaded for a census, as `census` loads it).
+fn engine(path: &Path, flash_attn: FlashAttn, no_repack: bool) -> Box<dyn Engine> {
+    let mut settings = EngineSettings::new(2);
+    settings.flash_attn = flash_attn;
+    settings.no_repack = no_repack;
+    crate::llama_cpp(path, &settings)
+}
+
+/// The cheap capture of `work`'s graph (abort after the first node).
+fn cheap_capture(e: &mut dyn Engine, work: &Work) -> GraphCapture {
+    e.graph_capturer().unwrap().capture_graph(work).unwrap()
 }
 
 fn work(chunk: u32, depth: u32) -> Work {
@@ -43,7 +41,7 @@ fn census_of(path: &Path, rules: Option<BandRules>, flash_attn: FlashAttn) -> Ce
     let file = ModelFile::open(path).unwrap();
     let rules = rules.unwrap_or_else(|| BandRules::builtin(&file.arch.arch).unwrap());
     let mut e = engine(path, flash_attn, true);
-    let capture = e.capture_graph(&work(64, 0)).unwrap();
+    let capture = cheap_capture(e.as_mut(), &work(64, 0));
     assert_eq!(
         capture.chunk_nodes_computed, 1,
         "the capture ran more than one node"
@@ -68,7 +66,7 @@ fn cheap_capture_sees_the_graph_a_full_run_computes() {
         e.prepare(&work(64, 0)).unwrap();
         let full = e.graph().unwrap();
         let mut cheap = engine(&path, FlashAttn::Auto, true);
-        let captured = cheap.capture_graph(&work(64, 0)).unwrap();
+        let captured = cheap_capture(cheap.as_mut(), &work(64, 0));
         assert_eq!(captured.chunk_nodes_computed, 1);
         let sig = |g: &[opledger_core::node::NodeInfo]| -> Vec<(String, String, [i64; 4])> {
             g.iter()
@@ -193,7 +191,7 @@ fn census_at_a_depth_attends_over_the_filled_cache() {
     let dir = tempfile::tempdir().unwrap();
     let path = synth(dir.path(), "tiny-qwen35moe");
     let mut e = engine(&path, FlashAttn::On, true);
-    let capture = e.capture_graph(&work(64, 256)).unwrap();
+    let capture = cheap_capture(e.as_mut(), &work(64, 256));
     assert_eq!(capture.filled_tokens, 256);
     let fa = capture
         .nodes
@@ -203,9 +201,7 @@ fn census_at_a_depth_attends_over_the_filled_cache() {
     let k = fa.src(1).unwrap();
     // K holds at least the 256 cached and the 64 new tokens (llama.cpp pads to 256 cells)
     assert!(k.ne[1] >= 320, "K view of {:?}", k.ne);
-    let at_zero = engine(&path, FlashAttn::On, true)
-        .capture_graph(&work(64, 0))
-        .unwrap();
+    let at_zero = cheap_capture(engine(&path, FlashAttn::On, true).as_mut(), &work(64, 0));
     let k0 = at_zero
         .nodes
         .iter()

@@ -151,25 +151,21 @@ fn replay_keeps_outputs_and_a_failed_validation_fails_the_run() {
 /// above can find both sides skipped or refused).
 #[test]
 fn llama_cpp_replays_return_the_logits_of_a_plain_run_bit_for_bit() {
-    use opledger_core::engine::{Engine, Mode, Work};
+    use opledger_core::engine::{Mode, Work};
     let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let file = opledger_app::model::ModelFile::open(&model).unwrap();
     let rules = opledger_core::band::BandRules::builtin(&file.arch.arch).unwrap();
-    let mut e = opledger_llama::LlamaEngine::load(opledger_llama::LlamaConfig::new(
-        opledger_gguf::LlamaLoadable::open(&model).unwrap(),
-        2,
-    ))
-    .unwrap();
+    // llama.cpp as `--engine llama.cpp` opens it: the bundled worker
+    let mut e = crate::llama_cpp(&model, &opledger_app::engines::EngineSettings::new(2));
     e.prepare(&Work::prefill(64, 0)).unwrap();
     let plain = e.run(Mode::Fused).unwrap();
     let graph = e.graph().unwrap();
     let a = opledger_core::band::Categoriser::new(&rules, &file.arch).categorise(&graph);
     let replayable: Vec<bool> = graph.iter().map(|n| n.is_working() && !n.inplace).collect();
     let none = vec![false; graph.len()];
-    let engine: &mut dyn Engine = &mut e;
-    let r = engine.replayer().unwrap();
+    let r = e.replayer().unwrap();
     let mut runs = vec![(
         "baseline".to_string(),
         r.replay(&replayable, &none, 0).unwrap(),

@@ -1,15 +1,16 @@
 //! Real llama.cpp runs on tiny synthetic models the tool writes itself: every node in a band,
-//! coverage 100 %, and node counts that follow from the architecture's metadata.
+//! coverage 100 %, and node counts that follow from the architecture's metadata. llama.cpp is
+//! opened as `--engine llama.cpp` opens it: the bundled worker, in its own process.
 
 use std::path::{Path, PathBuf};
 
+use opledger_app::engines::EngineSettings;
 use opledger_app::model::ModelFile;
 use opledger_core::arch::{ArchInfo, LayerKind};
 use opledger_core::band::BandRules;
 use opledger_core::engine::{Engine, Work};
 use opledger_core::profile::{analyse, measure, ProfileConfig};
 use opledger_gguf::{synthesize, SynthOptions};
-use opledger_llama::{FlashAttn, LlamaConfig, LlamaEngine};
 
 fn synth(dir: &Path, preset: &str, fused_gate_up: bool) -> PathBuf {
     let path = dir.join(format!("{preset}-{fused_gate_up}.gguf"));
@@ -19,20 +20,9 @@ fn synth(dir: &Path, preset: &str, fused_gate_up: bool) -> PathBuf {
     path
 }
 
-fn engine(path: &Path) -> LlamaEngine {
-    LlamaEngine::load(LlamaConfig {
-        model: opledger_gguf::LlamaLoadable::open(path).unwrap(),
-        threads: 2,
-        flash_attn: FlashAttn::Auto,
-        gpu_layers: 0,
-        no_repack: false,
-        ubatch: None,
-        type_k: None,
-        type_v: None,
-        verbose: false,
-        rpc: None,
-    })
-    .unwrap()
+/// llama.cpp on 2 threads, flash attention auto, weights repacked.
+fn engine(path: &Path) -> Box<dyn Engine> {
+    crate::llama_cpp(path, &EngineSettings::new(2))
 }
 
 fn count(graph: &[opledger_core::node::NodeInfo], op: &str) -> u32 {
@@ -59,7 +49,7 @@ fn profile_and_check(path: &Path) -> (ArchInfo, Vec<opledger_core::node::NodeInf
         overhead_pairs: 0,
         gate: Default::default(),
     };
-    let raw = measure(&mut e, &cfg, &mut |_, _, _| {}).unwrap();
+    let raw = measure(e.as_mut(), &cfg, &mut |_, _, _| {}).unwrap();
     let (assignments, summary) = analyse(&raw, &rules, &arch).unwrap();
     crate::assert_profile_is_sound(&raw, &assignments, &summary);
     // the TIMED sum is a real fraction of the chunk
@@ -279,32 +269,59 @@ fn every_family_profiles_with_full_coverage_and_the_counts_its_architecture_pred
     }
 }
 
-/// The calibration's trivial nodes take TIMED mode's path: every node asked, computed alone by a
-/// scheduler, observed by the instrument's callback, with views between them as a real graph
-/// has. What is asserted here is the structure of its answer: every node through the callback,
-/// one cost per node, none for a node without work. That the callback's path costs no less than
+/// The isolation calibration through the engine the commands use: before a graph is captured,
+/// one figure for every node (the average of 64 working nodes); after, one finite, non-negative
+/// figure per node of the captured graph, 0 exactly at the nodes that do no work, whose mean
+/// over the working nodes is the per-node figure. That the callback's path costs no less than
 /// the bare graph compute is a timing claim: `scripts/acceptance` (isolation).
 #[test]
-fn isolation_is_calibrated_through_the_scheduler_and_the_callback() {
+fn isolation_is_calibrated_node_by_node_on_the_captured_graph() {
     let _machine = crate::machine::shared();
-    let _backend = opledger_llama::Backend::init(false);
-    let pool = opledger_llama::ThreadPool::new(2).unwrap();
-    use opledger_llama::calibrate::Dispatch;
-    let pattern = crate::runs::isolation_pattern();
-    let c = opledger_llama::calibrate::isolation_cost(&pool, &pattern, 5).unwrap();
-    assert_eq!((c.nodes, c.working), (96, 64));
-    assert_eq!(c.observed, 96 * 5, "every node went through the callback");
-    assert!(c.timed_us.is_finite() && c.fused_us > 0.0);
-    assert!(c.per_node_us.is_finite() && c.bare_per_node_us.is_finite());
-    // one cost per node of the pattern, none for a node without work
-    assert_eq!(c.each_node_us.len(), 96);
-    for (d, us) in pattern.iter().zip(&c.each_node_us) {
-        assert!(
-            *us >= 0.0 && (*d != Dispatch::Idle || *us == 0.0),
-            "{d:?} {us}"
-        );
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(&synth(dir.path(), "tiny-qwen35moe", false));
+    let c = e
+        .calibrate_isolation()
+        .unwrap()
+        .expect("a model on the CPU alone is calibrated");
+    assert!(
+        c.per_node_us.is_finite() && c.per_node_us >= 0.0,
+        "before a graph: {}",
+        c.per_node_us
+    );
+    assert!(
+        c.each_node_us.is_empty(),
+        "no graph captured yet, yet {} figures node by node",
+        c.each_node_us.len()
+    );
+    e.prepare(&Work::prefill(32, 0)).unwrap();
+    let graph = e.graph().unwrap();
+    let c = e
+        .calibrate_isolation()
+        .unwrap()
+        .expect("a model on the CPU alone is calibrated");
+    assert_eq!(c.each_node_us.len(), graph.len(), "one figure per node");
+    let working = graph.iter().filter(|n| n.is_working()).count();
+    assert!(
+        working > 0 && working < graph.len(),
+        "the graph has nodes with and without work ({working} of {})",
+        graph.len()
+    );
+    for (n, &us) in graph.iter().zip(&c.each_node_us) {
+        assert!(us.is_finite() && us >= 0.0, "{}: {us}", n.name);
+        if !n.is_working() {
+            assert_eq!(us, 0.0, "{} does no work, yet costs {us} µs", n.name);
+        }
     }
-    // no graph captured yet: 64 working nodes
-    let c = opledger_llama::calibrate::isolation_cost(&pool, &[], 1).unwrap();
-    assert_eq!((c.nodes, c.working, c.observed), (64, 64, 64));
+    let mean = graph
+        .iter()
+        .zip(&c.each_node_us)
+        .filter(|(n, _)| n.is_working())
+        .map(|(_, &us)| us)
+        .sum::<f64>()
+        / working as f64;
+    assert!(
+        (mean - c.per_node_us).abs() <= 1e-9 * mean.max(1.0),
+        "per node {} is not the working nodes' mean {mean}",
+        c.per_node_us
+    );
 }

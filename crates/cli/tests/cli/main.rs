@@ -25,6 +25,17 @@ mod machine {
     }
 }
 
+/// llama.cpp opened as the commands open it (`--engine llama.cpp`): the worker cargo built
+/// (`worker=bundled`) in its own process, with `settings`.
+fn llama_cpp(
+    model: &std::path::Path,
+    settings: &opledger_app::engines::EngineSettings,
+) -> Box<dyn opledger_core::engine::Engine> {
+    let file = opledger_app::model::ModelFile::open(model).unwrap();
+    opledger_app::engines::open_engine(opledger_app::engines::EngineKind::LlamaCpp, &file, settings)
+        .unwrap_or_else(|e| panic!("opening llama.cpp on {}: {e:#}", model.display()))
+}
+
 /// `opledger report --format json RUN` succeeds and prints the stored `summary.json` byte for byte:
 /// the run re-renders from what it stored.
 fn assert_report_reproduces_summary(run: &std::path::Path) {

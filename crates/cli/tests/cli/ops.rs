@@ -2,11 +2,12 @@
 //! of every expert matmul touches nearly all experts, as uniform routing does and first-k does
 //! not; every distinct op of the graph can be rebuilt and timed alone; `ops -n N --parallel P`
 //! times the ops of one decode step, where first-k reads fewer expert bytes than a real step.
+//! llama.cpp is opened as `--engine llama.cpp` opens it: the bundled worker, in its own process.
 
-use opledger_core::engine::{Engine, OpTimeRequest, OpTimer, Work};
+use opledger_app::engines::EngineSettings;
+use opledger_core::engine::{OpTimeRequest, Work};
 use opledger_core::ops::{distinct_experts, first_k_ids, uniform_ids};
 use opledger_gguf::{synthesize, SynthOptions};
-use opledger_llama::{LlamaConfig, LlamaEngine};
 use serde_json::Value;
 
 #[test]
@@ -15,13 +16,10 @@ fn captured_routing_touches_nearly_every_expert_and_every_op_times_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.gguf");
     synthesize(&SynthOptions::new("tiny-qwen35moe"), &path, &mut |_, _| {}).unwrap();
-    let mut e = LlamaEngine::load(LlamaConfig::new(
-        opledger_gguf::LlamaLoadable::open(&path).unwrap(),
-        2,
-    ))
-    .unwrap();
+    let mut e = crate::llama_cpp(&path, &EngineSettings::new(2));
     e.prepare(&Work::prefill(512, 0)).unwrap();
     let graph = e.graph().unwrap();
+    let e = e.op_timer().unwrap();
     let captured = e.capture_routing().unwrap();
     let expert_nodes: Vec<_> = graph.iter().filter(|n| n.op == "MUL_MAT_ID").collect();
     assert_eq!(captured.len(), expert_nodes.len());

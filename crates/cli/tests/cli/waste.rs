@@ -1,17 +1,18 @@
 //! Rows nobody reads, on real llama.cpp graphs of tiny synthetic models the tool writes itself:
 //! qwen3moe's last layer trims its FFN to the requested row (llama.cpp's `out_ids` selection
 //! comes before it), qwen35moe's does not; with every logit requested nothing is wasted.
+//! llama.cpp is opened as `--engine llama.cpp` opens it: the bundled worker, in its own process.
 
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
+use opledger_app::engines::EngineSettings;
 use opledger_app::model::ModelFile;
 use opledger_core::band::BandRules;
 use opledger_core::engine::Work;
 use opledger_core::profile::{measure, ProfileConfig};
 use opledger_core::waste::{self, Kept, NodeNeed, WasteSummary};
 use opledger_gguf::{synthesize, SynthOptions};
-use opledger_llama::{LlamaConfig, LlamaEngine};
 
 const CHUNK: u32 = 64;
 const LAST_LAYER: u32 = 3;
@@ -33,11 +34,7 @@ fn analyse(
 ) {
     let file = ModelFile::open(path).unwrap();
     let rules = BandRules::builtin(&file.arch.arch).unwrap();
-    let mut engine = LlamaEngine::load(LlamaConfig::new(
-        opledger_gguf::LlamaLoadable::open(path).unwrap(),
-        2,
-    ))
-    .unwrap();
+    let mut engine = crate::llama_cpp(path, &EngineSettings::new(2));
     let cfg = ProfileConfig {
         work: Work {
             all_logits,
@@ -49,7 +46,7 @@ fn analyse(
         overhead_pairs: 0,
         gate: Default::default(),
     };
-    let raw = measure(&mut engine, &cfg, &mut |_, _, _| {}).unwrap();
+    let raw = measure(engine.as_mut(), &cfg, &mut |_, _, _| {}).unwrap();
     let (_, needs, summary) = waste::analyse(&raw, &rules, &file.arch).unwrap();
     (raw.graph, needs, summary)
 }
