@@ -1,10 +1,11 @@
 //! Standalone op timing, the captured expert routing and the GEMM peak through the llama.cpp
-//! worker (built from the llama.cpp cargo built, `scripts/build-worker --from-cargo`), set
-//! against the embedded engine: `opledger ops` gives the same rows (ops, shapes, routings,
-//! experts touched) with finite positive figures; a TIMED run's expert ids are the embedded
-//! engine's bit for bit, for a prefill chunk and for a decode step; the GEMM peak is a finite
-//! positive figure with its shape; a node the worker cannot rebuild is refused by name. Nothing
-//! here compares a timing (scripts/acceptance does, group `ops-worker`).
+//! worker built here (`scripts/build-worker --from-cargo`), set against the worker cargo built
+//! from the same llama.cpp libraries (the bundled worker, what `--engine llama.cpp` runs):
+//! `opledger ops` gives the same rows (ops, shapes, routings, experts touched) with finite
+//! positive figures; a TIMED run's expert ids are the same bit for bit, for a prefill chunk and
+//! for a decode step; the GEMM peak is a finite positive figure with its shape; a node the worker
+//! cannot rebuild is refused by name. Nothing here compares a timing (scripts/acceptance does,
+//! group `ops-worker`).
 
 use std::path::Path;
 use std::process::Command;
@@ -87,30 +88,30 @@ fn row_key(r: &Value) -> String {
 }
 
 #[test]
-fn ops_through_the_worker_has_the_embedded_engine_s_rows_with_finite_positive_figures() {
+fn ops_through_a_worker_built_separately_has_the_bundled_worker_s_rows_with_finite_figures() {
     let _machine = crate::machine::shared();
     let w = crate::worker::worker();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
-    let embedded = ops_json(&model, &dir.path().join("embedded"), &[]);
+    let bundled = ops_json(&model, &dir.path().join("bundled"), &[]);
     let through = ops_json(
         &model,
         &dir.path().join("worker"),
         &["--llama-worker", w.to_str().unwrap()],
     );
     let rows = |v: &Value| v["rows"].as_array().unwrap().clone();
-    let (re, rw) = (rows(&embedded), rows(&through));
+    let (re, rw) = (rows(&bundled), rows(&through));
     assert!(!rw.is_empty());
     let keys = |rows: &[Value]| rows.iter().map(row_key).collect::<Vec<_>>();
     assert_eq!(
         keys(&rw),
         keys(&re),
-        "the worker's rows differ from the embedded engine's"
+        "the worker built here has other rows than the bundled worker"
     );
     // every routing touched the same experts (the captured one is a real run's ids)
     assert_eq!(
-        through["experts_by_routing"],
-        embedded["experts_by_routing"]
+        through["experts_by_routing"], bundled["experts_by_routing"],
+        "the two builds' routings touched different experts"
     );
     assert!(through["experts_by_routing"]["captured"]
         .as_object()
@@ -120,7 +121,7 @@ fn ops_through_the_worker_has_the_embedded_engine_s_rows_with_finite_positive_fi
         let (median, min, max) = (f("median_us"), f("min_us"), f("max_us"));
         if r["reps"] == 0 {
             // an op over no elements (a state copy of no sequence) does nothing, and neither
-            // engine times it
+            // build times it
             assert_eq!(e["reps"], 0, "{}", row_key(r));
             assert_eq!([median, min, max], [0.0; 3], "{}", row_key(r));
             continue;
@@ -135,25 +136,40 @@ fn ops_through_the_worker_has_the_embedded_engine_s_rows_with_finite_positive_fi
         assert!(r["rotation"].as_u64().unwrap() >= 1);
     }
     assert!(rw.iter().any(|r| r["reps"] == 2));
-    // the manifest says which engine timed them
-    let manifest: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("worker/manifest.json")).unwrap(),
-    )
-    .unwrap();
-    assert!(
-        manifest.to_string().contains("worker_protocol"),
-        "{manifest}"
+    // the manifests say which worker timed them: the bundled one, and the one built here
+    let manifest = |run: &str| -> Value {
+        serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join(run).join("manifest.json")).unwrap(),
+        )
+        .unwrap()
+    };
+    let (mb, mw) = (manifest("bundled"), manifest("worker"));
+    assert!(mw.to_string().contains("worker_protocol"), "{mw}");
+    assert_eq!(
+        mb["engine"]["settings"]["worker_blake3"],
+        opledger_worker::bundled::blake3(),
+        "ops without --llama-worker was not the bundled worker's: {mb}"
     );
+    assert_eq!(mw["engine"]["settings"]["worker"], w.to_str().unwrap());
 }
 
 #[test]
-fn the_worker_captures_the_embedded_engine_s_routing_bit_for_bit_and_measures_a_gemm_peak() {
+fn a_worker_built_separately_captures_the_bundled_worker_s_routing_bit_for_bit_and_a_gemm_peak() {
     let _machine = crate::machine::shared();
     let w = crate::worker::worker();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
     let file = ModelFile::open(&model).unwrap();
-    let mut embedded = open_engine(EngineKind::LlamaCpp, &file, &settings(None)).unwrap();
+    let mut bundled = open_engine(EngineKind::LlamaCpp, &file, &settings(None)).unwrap();
+    assert_eq!(
+        bundled
+            .info()
+            .settings
+            .get("worker_blake3")
+            .map(String::as_str),
+        Some(opledger_worker::bundled::blake3()),
+        "llama.cpp without a worker named is the bundled worker"
+    );
     let mut worker = open_engine(EngineKind::LlamaCpp, &file, &settings(Some(&w))).unwrap();
     assert!(worker.info().settings.contains_key("worker_protocol"));
     let decode = Work {
@@ -164,7 +180,7 @@ fn the_worker_captures_the_embedded_engine_s_routing_bit_for_bit_and_measures_a_
     for work in [Work::prefill(64, 0), decode] {
         let mut routings = Vec::new();
         let mut routed = Vec::new();
-        for e in [&mut embedded, &mut worker] {
+        for e in [&mut bundled, &mut worker] {
             e.prepare(&work).unwrap();
             let graph = e.graph().unwrap();
             let ids = e.op_timer().unwrap().capture_routing().unwrap();
@@ -189,9 +205,9 @@ fn the_worker_captures_the_embedded_engine_s_routing_bit_for_bit_and_measures_a_
         assert!(!routings[0].is_empty());
         assert_eq!(
             routings[1], routings[0],
-            "the worker's routing differs ({work:?})"
+            "the worker built here routed otherwise than the bundled worker ({work:?})"
         );
-        assert_eq!(routed[1], routed[0]);
+        assert_eq!(routed[1], routed[0], "experts touched ({work:?})");
         // distinct experts counted from the ids themselves
         for (i, ids) in &routings[0] {
             assert_eq!(routed[0][i], opledger_core::ops::distinct_experts(ids));

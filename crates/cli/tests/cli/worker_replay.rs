@@ -1,11 +1,12 @@
-//! In-graph replay and the isolation calibration through the llama.cpp worker, set against the
-//! embedded engine on the same model: every replayed run returns the logits of a plain run bit
-//! for bit, the worker replays exactly k clones of every node asked (and reports nothing
-//! skipped or failed), the graph, its bands and the nodes each band replays are the embedded
-//! engine's, a replay ledger runs through `--llama-worker` with the structure of the embedded
-//! engine's ledger, and the calibration gives one finite, non-negative figure per node, 0
-//! exactly at the nodes that do no work. Nothing here asserts a timing (the replay's accuracy
-//! is `scripts/acceptance`'s claim).
+//! In-graph replay and the isolation calibration through the llama.cpp worker built here
+//! (`scripts/build-worker --from-cargo`), set against the worker cargo built from the same
+//! llama.cpp libraries (the bundled worker) on the same model: every replayed run returns the
+//! logits of a plain run bit for bit, the worker replays exactly k clones of every node asked
+//! (and reports nothing skipped or failed), the graph, its bands and the nodes each band replays
+//! are the bundled worker's, a replay ledger runs through `--llama-worker` with the structure of
+//! the bundled worker's ledger, and the calibration of both gives one finite, non-negative
+//! figure per node, 0 exactly at the nodes that do no work. Nothing here asserts a timing (the
+//! replay's accuracy is `scripts/acceptance`'s claim).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,9 +15,10 @@ use opledger_core::band::{BandRules, Categoriser};
 use opledger_core::engine::{Engine, Mode, Work};
 use opledger_core::node::NodeInfo;
 
-fn worker_engine(model: &Path) -> opledger_worker::WorkerEngine {
+/// The worker at `worker` on `model`, 2 threads.
+fn worker_engine(worker: PathBuf, model: &Path) -> opledger_worker::WorkerEngine {
     opledger_worker::WorkerEngine::load(opledger_worker::WorkerConfig {
-        worker: crate::worker::worker(),
+        worker,
         model: model.to_path_buf(),
         threads: 2,
         flash_attn: "auto".into(),
@@ -33,12 +35,9 @@ fn worker_engine(model: &Path) -> opledger_worker::WorkerEngine {
     .unwrap()
 }
 
-fn embedded_engine(model: &Path) -> opledger_llama::LlamaEngine {
-    opledger_llama::LlamaEngine::load(opledger_llama::LlamaConfig::new(
-        opledger_gguf::LlamaLoadable::open(model).unwrap(),
-        2,
-    ))
-    .unwrap()
+/// The worker cargo built (`worker=bundled`), written out where opledger writes it.
+fn bundled_engine(model: &Path) -> opledger_worker::WorkerEngine {
+    worker_engine(opledger_worker::bundled::path().unwrap(), model)
 }
 
 fn tiny_qwen35moe(dir: &Path) -> PathBuf {
@@ -87,20 +86,21 @@ fn band_masks(model: &Path, graph: &[NodeInfo]) -> Vec<(String, Vec<bool>)> {
         .collect()
 }
 
-/// The worker and the embedded engine on one model: the same graph and band masks; every
-/// replay through the worker (each band at `k`, every node at 2, launch rounds) returns the
-/// plain run's logits with exactly k clones a replayed node and nothing skipped or failed; the
-/// calibration of both gives one figure per node, 0 exactly where a node does no work.
-fn replays_and_calibration_match_the_embedded_engine(model: &Path, chunk: u32, k: u32) {
+/// The worker built here and the bundled worker on one model: the same graph, logits and band
+/// masks; every replay through the worker built here (each band at `k`, every node at 20,
+/// launch rounds) returns the plain run's logits with exactly k clones a replayed node and
+/// nothing skipped or failed; the calibration of both gives one figure per node, 0 exactly
+/// where a node does no work.
+fn replays_and_calibration_match_the_bundled_worker(model: &Path, chunk: u32, k: u32) {
     let work = Work::prefill(chunk, 0);
-    let mut emb = embedded_engine(model);
-    emb.prepare(&work).unwrap();
-    let emb_plain = emb.run(Mode::Fused).unwrap();
-    let emb_graph = emb.graph().unwrap();
-    let emb_cal = emb.calibrate_isolation().unwrap().unwrap();
-    drop(emb);
+    let mut bundled = bundled_engine(model);
+    bundled.prepare(&work).unwrap();
+    let bundled_plain = bundled.run(Mode::Fused).unwrap();
+    let bundled_graph = bundled.graph().unwrap();
+    let bundled_cal = bundled.calibrate_isolation().unwrap().unwrap();
+    drop(bundled);
 
-    let mut w = worker_engine(model);
+    let mut w = worker_engine(crate::worker::worker(), model);
     w.prepare(&work).unwrap();
     // a replay needs the captured graph (its scratch is sized from it)
     let e = {
@@ -111,20 +111,23 @@ fn replays_and_calibration_match_the_embedded_engine(model: &Path, chunk: u32, k
     assert!(e.contains("replay() before graph()"), "{e}");
     let plain = w.run(Mode::Fused).unwrap();
     let graph = w.graph().unwrap();
-    // the same graph as the embedded engine's, node for node
-    assert_eq!(graph.len(), emb_graph.len());
-    for (a, b) in emb_graph.iter().zip(&graph) {
+    // the same graph as the bundled worker's, node for node
+    assert_eq!(graph.len(), bundled_graph.len());
+    for (a, b) in bundled_graph.iter().zip(&graph) {
         assert_eq!(
             (&a.op, &a.name, a.is_working(), a.inplace),
             (&b.op, &b.name, b.is_working(), b.inplace)
         );
     }
-    // the same logits as the embedded engine's plain run
-    assert_eq!(plain.output_hash, emb_plain.output_hash);
+    // the same logits as the bundled worker's plain run
+    assert_eq!(
+        plain.output_hash, bundled_plain.output_hash,
+        "the two builds computed different logits"
+    );
     let bands = band_masks(model, &graph);
     assert_eq!(
         bands,
-        band_masks(model, &emb_graph),
+        band_masks(model, &bundled_graph),
         "bands or their nodes differ"
     );
     assert!(
@@ -193,9 +196,12 @@ fn replays_and_calibration_match_the_embedded_engine(model: &Path, chunk: u32, k
     assert_eq!(w.run(Mode::Fused).unwrap().output_hash, plain.output_hash);
 
     // the calibration: one figure per node, 0 exactly at the nodes that do no work, as the
-    // embedded engine's
+    // bundled worker's
     let cal = w.calibrate_isolation().unwrap().unwrap();
-    for (c, name) in [(&cal, "worker"), (&emb_cal, "embedded")] {
+    for (c, name) in [
+        (&cal, "worker built here"),
+        (&bundled_cal, "bundled worker"),
+    ] {
         assert_eq!(c.each_node_us.len(), graph.len(), "{name}");
         assert!(c.per_node_us.is_finite() && c.per_node_us >= 0.0, "{name}");
         for (n, &v) in graph.iter().zip(&c.each_node_us) {
@@ -220,18 +226,18 @@ fn replays_and_calibration_match_the_embedded_engine(model: &Path, chunk: u32, k
 }
 
 #[test]
-fn worker_replays_and_calibrates_the_tiny_qwen35moe_as_the_embedded_engine() {
+fn worker_replays_and_calibrates_the_tiny_qwen35moe_as_the_bundled_worker() {
     let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_qwen35moe(dir.path());
-    replays_and_calibration_match_the_embedded_engine(&model, 64, 4);
+    replays_and_calibration_match_the_bundled_worker(&model, 64, 4);
 }
 
 #[test]
-fn worker_replays_and_calibrates_gemma3_270m_as_the_embedded_engine() {
+fn worker_replays_and_calibrates_gemma3_270m_as_the_bundled_worker() {
     let _machine = crate::machine::shared();
     let model = gemma3_270m();
-    replays_and_calibration_match_the_embedded_engine(&model, 32, 2);
+    replays_and_calibration_match_the_bundled_worker(&model, 32, 2);
 }
 
 /// A profile through the worker removes the isolation its calibration measured node by node.
@@ -282,12 +288,12 @@ fn a_profile_through_the_worker_is_calibrated_node_by_node() {
     }
 }
 
-/// The replay ledger of the tiny qwen3moe through `--llama-worker`, and the embedded engine's
-/// with the same arguments: every band with the same replayable nodes (measured or skipped for
+/// The replay ledger of the tiny qwen3moe through `--llama-worker` (the worker built here), and
+/// the bundled worker's with the same arguments: every band with the same replayable nodes (measured or skipped for
 /// the machine's noise, each with its node count), the worker's replays bit-identical, and the
 /// run's exit and reliability what its validations say.
 #[test]
-fn a_replay_ledger_runs_through_the_worker_with_the_embedded_engine_s_structure() {
+fn a_replay_ledger_runs_through_a_worker_built_separately_with_the_bundled_worker_s_structure() {
     let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tq3.gguf");
@@ -323,7 +329,7 @@ fn a_replay_ledger_runs_through_the_worker_with_the_embedded_engine_s_structure(
             .unwrap_or_else(|e| panic!("no ledger on stdout ({e}): {stderr}"));
         (r, stderr, o.status.code())
     };
-    let (emb, _, _) = ledger("embedded", &[]);
+    let (bundled, _, _) = ledger("bundled", &[]);
     let (r, stderr, code) = ledger("worker", &["--llama-worker", w.to_str().unwrap()]);
     let rows = |r: &serde_json::Value| -> Vec<String> {
         let mut b: Vec<String> = r["ledger"]["rows"]
@@ -335,7 +341,11 @@ fn a_replay_ledger_runs_through_the_worker_with_the_embedded_engine_s_structure(
         b.sort();
         b
     };
-    assert_eq!(rows(&r), rows(&emb));
+    assert_eq!(
+        rows(&r),
+        rows(&bundled),
+        "the two builds' ledgers have other bands"
+    );
     let notes = r["notes"].to_string();
     // every band with its replayable node count, measured or skipped
     let band_nodes = |rr: &serde_json::Value| -> std::collections::BTreeMap<String, u64> {
@@ -378,8 +388,11 @@ fn a_replay_ledger_runs_through_the_worker_with_the_embedded_engine_s_structure(
         "{checks:?}"
     );
     assert_eq!(code, Some(if reliable { 0 } else { 3 }), "{stderr}");
-    if !emb["replay_b"].is_null() {
-        assert_eq!(band_nodes(rr), band_nodes(&emb["replay_b"]));
-        assert_eq!(rr["excluded_inplace"], emb["replay_b"]["excluded_inplace"]);
+    if !bundled["replay_b"].is_null() {
+        assert_eq!(band_nodes(rr), band_nodes(&bundled["replay_b"]));
+        assert_eq!(
+            rr["excluded_inplace"],
+            bundled["replay_b"]["excluded_inplace"]
+        );
     }
 }
