@@ -54,18 +54,3 @@ pub const LEDGER_REPLAY: &[&str] = &[
     "--json",
     "-m",
 ];
-
-/// The isolation calibration's pattern of 96 nodes: a view after every other working node, a
-/// third of the working ones on one thread (as a real graph's views between nodes, after which
-/// the pool's workers sleep and the next node must wake them).
-#[cfg(feature = "llama")]
-pub fn isolation_pattern() -> Vec<opledger_llama::calibrate::Dispatch> {
-    use opledger_llama::calibrate::Dispatch;
-    (0..96)
-        .map(|i| match i % 6 {
-            2 | 5 => Dispatch::Idle,
-            4 => Dispatch::OneThread,
-            _ => Dispatch::AllThreads,
-        })
-        .collect()
-}
