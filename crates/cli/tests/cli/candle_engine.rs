@@ -82,29 +82,13 @@ fn candle_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
     e.last_logits().to_vec()
 }
 
-/// The logits llama.cpp computes for `work` (FUSED runs of the bundled worker, as `--engine
-/// llama.cpp` opens it): the last row, or with `all_logits` every row of the chunk, row `i` as
-/// the last row of the chunk's first `i + 1` tokens at the same depth (filler tokens are fixed
-/// by position, and attention is causal, so it is the row the whole chunk computes there).
+/// The last row of logits llama.cpp computes for `work` (a FUSED run of the bundled worker, as
+/// `--engine llama.cpp` opens it; the engine's logits are the last row of a prefill chunk).
 fn llama_logits(path: &Path, w: &Work) -> Vec<Vec<f32>> {
     let mut e = crate::llama_cpp(path, &opledger_app::engines::EngineSettings::new(2));
-    let last_of = |e: &mut Box<dyn Engine>, chunk: u32| -> Vec<f32> {
-        let rows = decode_logits(
-            e.as_mut(),
-            &Work {
-                chunk_tokens: chunk,
-                all_logits: false,
-                ..w.clone()
-            },
-        );
-        assert_eq!(rows.len(), 1, "llama.cpp's last row of a chunk of {chunk}");
-        rows.into_iter().next().unwrap()
-    };
-    if w.all_logits {
-        (1..=w.chunk_tokens).map(|n| last_of(&mut e, n)).collect()
-    } else {
-        vec![last_of(&mut e, w.chunk_tokens)]
-    }
+    let rows = decode_logits(e.as_mut(), w);
+    assert_eq!(rows.len(), 1, "llama.cpp's last row of the chunk");
+    rows
 }
 
 fn argmax(v: &[f32]) -> usize {
@@ -172,10 +156,15 @@ fn compare(what: &str, tol: &Tolerance, candle: &[Vec<f32>], llama: &[Vec<f32>])
     );
 }
 
+/// Candle's logits against llama.cpp's last row: with `all_logits`, candle computes a row per
+/// token, and its last is set against llama.cpp's (the worker returns the last row only).
 fn agree(path: &Path, what: &str, tol: &Tolerance, w: &Work) {
     let c = candle_logits(path, w);
+    if w.all_logits {
+        assert_eq!(c.len() as u32, w.chunk_tokens, "{what}: candle's rows");
+    }
     let l = llama_logits(path, w);
-    compare(what, tol, &c, &l);
+    compare(what, tol, &c[c.len() - 1..], &l);
 }
 
 #[test]
