@@ -11,6 +11,7 @@
 #include "rpc_server.h"
 
 #include <cerrno>
+#include <csignal>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -628,6 +629,9 @@ static int usage(const char * argv0, const char * why) {
 }
 
 int main(int argc, char ** argv) {
+    // a closed socket (the channel, an RPC server or client gone) is an error of the write that
+    // meets it (EPIPE), never a signal that ends the worker before ggml or the channel can say so
+    signal(SIGPIPE, SIG_IGN);
     // `--rpc-server HOST:PORT [--threads N]`: serve this machine's CPU (rpc_server.cpp)
     if (argc >= 3 && strcmp(argv[1], "--rpc-server") == 0) {
         int threads = 1;

@@ -7,27 +7,22 @@ use std::path::Path;
 use anyhow::Result;
 
 /// Serves this machine's CPU as a remote device on `host:port` with `threads` threads (ggml's own
-/// RPC server: one client at a time), in a process of the bundled llama.cpp worker
-/// (`opledger-llama-worker --rpc-server`): opledger links no llama.cpp of its own. Returns only
-/// when the server cannot start or stops, with the worker's exit status or signal.
+/// RPC server: one client at a time) by replacing this process with the bundled llama.cpp worker
+/// (`opledger-llama-worker --rpc-server`, `exec`): opledger links no llama.cpp of its own, and
+/// the server is this very process, so a signal sent to it (a stop, a kill) reaches ggml's
+/// server and no orphan is left serving. Returns only when the worker cannot be started.
 pub fn serve(host: &str, port: u16, threads: u32) -> Result<()> {
+    use std::os::unix::process::CommandExt;
     let worker = crate::engines::bundled_worker()?;
-    let status = std::process::Command::new(&worker)
+    let e = std::process::Command::new(&worker)
         .arg("--rpc-server")
         .arg(format!("{host}:{port}"))
         .arg("--threads")
         .arg(threads.max(1).to_string())
-        .status()
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "the llama.cpp worker {} cannot be started: {e}",
-                worker.display()
-            )
-        })?;
+        .exec();
     anyhow::bail!(
-        "the RPC server on {host}:{port} (the llama.cpp worker {}) stopped: {}",
-        worker.display(),
-        opledger_worker::process::describe_status(status)
+        "the RPC server on {host}:{port} cannot start: the llama.cpp worker {} cannot be run: {e}",
+        worker.display()
     )
 }
 
