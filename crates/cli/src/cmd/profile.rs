@@ -121,10 +121,10 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
         rpc: args.rpc.settings(),
         ..args.model.settings()
     };
-    if settings.rpc.is_some() {
-        if args.decode > 0 {
-            bail!("--rpc profiles a prefill chunk; decode over remote devices (-n) is not supported yet");
-        }
+    if settings.rpc.is_some() && args.decode > 0 {
+        bail!(
+            "--rpc profiles a prefill chunk; decode over remote devices (-n) is not supported yet"
+        );
     }
     // a remote device failing mid-run leaves the folder marked with why
     let stopped = |r| super::common::stop_on_remote_failure(folder.path(), r);
