@@ -1,4 +1,4 @@
-//! Builds the llama.cpp worker (`tools/llama-worker`, C++) against the llama.cpp libraries that
+//! With the feature `bundled`, builds the llama.cpp worker (`tools/llama-worker`, C++) against the llama.cpp libraries that
 //! `llama-cpp-sys-2` compiled from its vendored sources for this very build (the same ggml CPU
 //! options), so `cargo build` yields opledger's llama.cpp engine in one command. The binary is
 //! embedded in this crate (`bundled.rs`) and written out once at run time.
@@ -11,6 +11,11 @@
 use std::path::{Path, PathBuf};
 
 fn main() {
+    // without `bundled`, nothing to build: the llama.cpp engine runs a worker the user built
+    if std::env::var_os("CARGO_FEATURE_BUNDLED").is_none() {
+        println!("cargo:rerun-if-changed=build.rs");
+        return;
+    }
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let root = manifest.join("../..");
     let src = root.join("tools/llama-worker");

@@ -11,6 +11,7 @@
 #include "rpc_server.h"
 
 #include <cerrno>
+#include <csignal>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -155,6 +156,20 @@ static void op_load(Worker & w, const Json & req, std::string & out) {
     if (rpc != nullptr && rpc->kind != Json::Null) {
         if (rpc->kind != Json::Arr || rpc->arr.empty()) {
             throw std::runtime_error("field 'rpc' is not a list of servers");
+        }
+        // a remote device failing from here on ends the worker clearly (remote.cpp)
+        const Json * rt = req.get("rpc_timeout_ms");
+        if (rt != nullptr && rt->kind != Json::Null) {
+            int64_t ms = int_field(req, "rpc_timeout_ms");
+            if (ms < 1) {
+                throw std::runtime_error("field 'rpc_timeout_ms' must be at least 1");
+            }
+            remote_watch(ms);
+            remote_arm(true);
+            p.progress_callback = [](float, void *) {
+                remote_tick();
+                return true;
+            };
         }
         ggml_backend_reg_t reg = ggml_backend_reg_by_name("RPC");
         if (reg == nullptr) {
@@ -308,10 +323,12 @@ static int decode_batch(Ctx & c, const std::vector<int32_t> & tokens, const std:
         b.logits[k] = logits[k];
     }
     b.n_tokens = n;
+    remote_tick();
     uint64_t t0 = now_ns();
     int code = llama_decode(c.ctx, b);
     llama_synchronize(c.ctx);
     end_ns = now_ns();
+    remote_tick();
     wall_ns += end_ns - t0;
     llama_batch_free(b);
     return code;
@@ -612,6 +629,9 @@ static int usage(const char * argv0, const char * why) {
 }
 
 int main(int argc, char ** argv) {
+    // a closed socket (the channel, an RPC server or client gone) is an error of the write that
+    // meets it (EPIPE), never a signal that ends the worker before ggml or the channel can say so
+    signal(SIGPIPE, SIG_IGN);
     // `--rpc-server HOST:PORT [--threads N]`: serve this machine's CPU (rpc_server.cpp)
     if (argc >= 3 && strcmp(argv[1], "--rpc-server") == 0) {
         int threads = 1;
@@ -692,6 +712,9 @@ int main(int argc, char ** argv) {
             if (op == "quit") {
                 quit = true;
             } else {
+                // over RPC servers, the watchdog watches the request (the op timer and the
+                // calibration compute on this machine alone and report no progress)
+                remote_arm(op != "time_op" && op != "calibrate");
                 handle(w, req, out);
             }
         } catch (const std::exception & e) {
@@ -701,6 +724,7 @@ int main(int argc, char ** argv) {
             out = head + ",\"ok\":false,\"error\":";
             json_str(out, e.what());
         }
+        remote_arm(false);
         out += "}\n";
         if (!ch.write_all(out)) {
             // opledger closed its end: nobody reads the answers

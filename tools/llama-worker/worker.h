@@ -592,9 +592,30 @@ struct Observer {
     }
 };
 
+// ---------------------------------------------------------------------------------------------
+// A model split over RPC servers (remote.cpp; PROTOCOL.md, "Faults"): a remote device that fails
+// ends the worker with exit status REMOTE_FAILED_STATUS and one clear last line on stderr,
+// whether ggml's RPC client aborts (a closed connection, a malformed answer) or a watchdog
+// finds that a request made no progress for the RPC timeout (a server that stopped answering).
+
+constexpr int REMOTE_FAILED_STATUS = 7;
+
+// Starts watching (once per process; later calls change the timeout) and routes ggml's aborts
+// inside its RPC client to the remote-failure exit.
+void remote_watch(int64_t timeout_ms);
+// Watches the request being handled (on) or stops watching (between requests); nothing when
+// remote_watch was never called.
+void remote_arm(bool on);
+// Progress: a node asked about, a batch decoded, the load's progress.
+void remote_tick();
+
 inline bool eval_cb(ggml_tensor * t, bool ask, void * user) {
     if (t == nullptr || user == nullptr) {
         return false;
+    }
+    if (ask) {
+        // before the node's clock starts: the tick lands in the gap, never in a node's time
+        remote_tick();
     }
     return static_cast<Observer *>(user)->on_eval(t, ask);
 }

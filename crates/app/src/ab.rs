@@ -214,8 +214,8 @@ pub fn manifest(
 }
 
 /// The engine record of an A/B's manifest from its sides' own words (each side's `info()`):
-/// under the side's name its engine, version (the embedded engine's llama-cpp-sys-2 and ggml
-/// versions, or a worker's llama.cpp build), backend, threads and every setting it recorded
+/// under the side's name its engine, version (its worker's llama.cpp build, or another
+/// engine's own version), backend, threads and every setting it recorded
 /// (`a.backends`, `a.devices`, a worker's `a.worker`, `a.worker_blake3`, `a.worker_env`,
 /// `a.cuda_graphs`, ...). The top-level engine, version and backend are the sides' common
 /// value where they agree, else each side's (`a: CPU; b: CUDA0`); the threads are the common
@@ -317,8 +317,9 @@ mod tests {
         opledger_worker::engine::worker_info(&cfg, &hello, &loaded, "b3hash", None)
     }
 
-    /// An embedded side as it says it: the vendored llama.cpp on the CPU.
-    fn embedded_cpu_side() -> EngineInfo {
+    /// A CPU side that names no worker, in its own words (an engine that records only its
+    /// version, backend and devices).
+    fn cpu_side() -> EngineInfo {
         EngineInfo {
             engine: "llama.cpp".into(),
             version: "llama-cpp-sys-2 0.1.161 (ggml 0.9.4)".into(),
@@ -339,7 +340,7 @@ mod tests {
     fn each_side_of_an_ab_manifest_is_what_its_own_engine_said() {
         // -t 2: neither side's threads (A 4, B 8)
         let settings = EngineSettings::new(2);
-        let (a, b) = (embedded_cpu_side(), cuda_worker_side());
+        let (a, b) = (cpu_side(), cuda_worker_side());
         let r = sides_record(&settings, &[("a", &a), ("b", &b)]);
         let s = &r.settings;
         // B is the GPU worker: its backend and devices, not the CPU
@@ -357,7 +358,7 @@ mod tests {
             s["b.cuda_graphs"]
         );
         assert_eq!(s["b.threads"], "8");
-        // A is the embedded engine: its own version, backend and devices
+        // A is the CPU side: its own version, backend and devices
         assert_eq!(s["a.backend"], "CPU");
         assert_eq!(s["a.version"], "llama-cpp-sys-2 0.1.161 (ggml 0.9.4)");
         assert_eq!(s["a.devices"], a.settings["devices"]);

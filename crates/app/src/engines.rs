@@ -12,7 +12,8 @@ use crate::model::ModelFile;
 /// The engines a command can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineKind {
-    /// llama.cpp through its eval callback (feature `llama`).
+    /// llama.cpp through its eval callback, in a worker process (the bundled worker with the
+    /// feature `llama`, else one named by --llama-worker).
     LlamaCpp,
     /// A forward pass of candle CPU ops (feature `candle`).
     Candle,
@@ -72,7 +73,7 @@ pub struct EngineSettings {
     /// Split the model across this machine's CPU and remote RPC servers (llama.cpp only).
     pub rpc: Option<RpcSettings>,
     /// Run llama.cpp in a worker built in another llama.cpp tree (`--llama-worker`; a side's
-    /// `worker=` knob overrides it), instead of the llama.cpp linked into opledger.
+    /// `worker=` knob overrides it), instead of the bundled worker.
     pub worker: Option<WorkerSettings>,
 }
 
@@ -89,22 +90,31 @@ pub const DEFAULT_WORKER_TIMEOUT: std::time::Duration = std::time::Duration::fro
 impl EngineSettings {
     /// The worker these settings run llama.cpp in: a `worker=` knob, else `--llama-worker`,
     /// else the worker cargo built with this opledger (`opledger_worker::bundled`, also named
-    /// by `worker=bundled`); `None` for the embedded llama.cpp (`worker=embedded`).
-    pub fn worker(&self) -> Result<Option<WorkerSettings>> {
+    /// by `worker=bundled`). `worker=embedded`, the retired engine linked into opledger, is
+    /// refused.
+    pub fn worker(&self) -> Result<WorkerSettings> {
         let timeout = self
             .worker
             .as_ref()
             .map_or(DEFAULT_WORKER_TIMEOUT, |w| w.timeout);
         Ok(match self.knobs.get("worker") {
-            Some("embedded") => None,
-            Some(BUNDLED) => Some(bundled(timeout)?),
-            Some(path) => Some(WorkerSettings {
+            Some("embedded") => bail!(
+                "worker=embedded: the embedded llama.cpp engine is retired; llama.cpp runs in a worker process (`worker={BUNDLED}` names the one built with this opledger, `worker=PATH` another build)"
+            ),
+            Some(BUNDLED) => WorkerSettings {
+                path: bundled_worker()?,
+                timeout,
+            },
+            Some(path) => WorkerSettings {
                 path: path.into(),
                 timeout,
-            }),
+            },
             None => match &self.worker {
-                Some(w) => Some(w.clone()),
-                None => Some(bundled(timeout)?),
+                Some(w) => w.clone(),
+                None => WorkerSettings {
+                    path: bundled_worker()?,
+                    timeout,
+                },
             },
         })
     }
@@ -113,12 +123,17 @@ impl EngineSettings {
 /// The knob value and manifest name of the worker cargo built with this opledger.
 pub const BUNDLED: &str = "bundled";
 
-/// The bundled worker, written out on first use.
-fn bundled(timeout: std::time::Duration) -> Result<WorkerSettings> {
-    Ok(WorkerSettings {
-        path: opledger_worker::bundled::path().map_err(anyhow::Error::msg)?,
-        timeout,
-    })
+/// The path of the worker cargo built with this opledger (feature `llama`), written out on
+/// first use.
+#[cfg(feature = "llama")]
+pub fn bundled_worker() -> Result<std::path::PathBuf> {
+    opledger_worker::bundled::path().map_err(anyhow::Error::msg)
+}
+
+/// Without the bundled worker, llama.cpp runs only in a worker the user built.
+#[cfg(not(feature = "llama"))]
+pub fn bundled_worker() -> Result<std::path::PathBuf> {
+    bail!("this opledger was built without the bundled llama.cpp worker (feature `llama`): name a worker built in a llama.cpp tree with --llama-worker PATH (tools/llama-worker, scripts/build-worker)")
 }
 
 /// A model split across this machine's CPU and remote RPC servers (`--rpc`, `--rpc-split`).
@@ -246,18 +261,8 @@ pub fn open_engine(
     }
     // --llama-worker applies to the llama.cpp engine of a command (a ledger's candle side
     // runs as it always does); a worker= knob on another engine was refused above
-    if kind == EngineKind::LlamaCpp {
-        if let Some(w) = settings.worker()? {
-            return open_worker(model, settings, &w);
-        }
-    }
-    if let Some(k) = settings.knobs.0.keys().find(|k| k.starts_with(ENV_KNOB)) {
-        bail!(
-            "knob {k}: an environment variable is set in a llama.cpp worker's process (`worker=PATH` on that side or --llama-worker); the embedded llama.cpp shares opledger's process"
-        );
-    }
     match kind {
-        EngineKind::LlamaCpp => open_llama(model, settings),
+        EngineKind::LlamaCpp => open_worker(model, settings, &settings.worker()?),
         EngineKind::Candle => open_candle(model, settings),
         EngineKind::Mock => Ok(Box::new(opledger_core::mock::MockEngine::for_arch(
             &model.arch,
@@ -273,85 +278,6 @@ pub fn require(engine: &dyn Engine, needs: &[Capability]) -> Result<()> {
     Ok(())
 }
 
-#[cfg(feature = "llama")]
-fn open_llama(model: &ModelFile, s: &EngineSettings) -> Result<Box<dyn Engine>> {
-    Ok(Box::new(load_llama(model, s)?))
-}
-
-#[cfg(not(feature = "llama"))]
-fn open_llama(_model: &ModelFile, _s: &EngineSettings) -> Result<Box<dyn Engine>> {
-    bail!("this opledger was built without the llama.cpp engine (feature `llama`)")
-}
-
-/// llama.cpp itself, for what only it offers beyond the Engine trait (the census's load time
-/// is in the trait; nothing else today).
-#[cfg(feature = "llama")]
-pub fn load_llama(model: &ModelFile, s: &EngineSettings) -> Result<opledger_llama::LlamaEngine> {
-    use anyhow::Context;
-    use opledger_llama::{FlashAttn as F, KvType, LlamaConfig, LlamaEngine};
-    let Some(gated) = model.llama.clone() else {
-        bail!(
-            "{}: opened without llama.cpp's gate; llama.cpp loads only a file that passed it",
-            model.path().display()
-        );
-    };
-    let knobs = &s.knobs;
-    let kv = |key: &str| -> Result<Option<KvType>> {
-        knobs
-            .get(key)
-            .map(|v| {
-                KvType::parse(v)
-                    .ok_or_else(|| anyhow::anyhow!("knob {key}={v}: not a KV cache type"))
-            })
-            .transpose()
-    };
-    let flash = match knobs.get("flash_attn") {
-        Some("on") => F::On,
-        Some("off") => F::Off,
-        Some(_) => F::Auto,
-        None => match s.flash_attn {
-            FlashAttn::Auto => F::Auto,
-            FlashAttn::On => F::On,
-            FlashAttn::Off => F::Off,
-        },
-    };
-    let cfg = LlamaConfig {
-        model: gated,
-        threads: knobs
-            .get("threads")
-            .and_then(|t| t.parse().ok())
-            .unwrap_or(s.threads),
-        flash_attn: flash,
-        gpu_layers: s.gpu_layers,
-        no_repack: s.no_repack || knobs.get("repack") == Some("off"),
-        ubatch: knobs.get("ubatch").and_then(|u| u.parse().ok()),
-        type_k: kv("type_k")?,
-        type_v: kv("type_v")?,
-        verbose: s.verbose,
-        rpc: match &s.rpc {
-            Some(r) => Some(opledger_llama::rpc::RpcSplit {
-                servers: r.servers.clone(),
-                layers: r.layers_for(model.arch.layers.len() as u32)?,
-                timeout: r.timeout,
-            }),
-            None => None,
-        },
-    };
-    let what = if knobs.0.is_empty() {
-        String::new()
-    } else {
-        format!(" with {knobs}")
-    };
-    let mut engine = LlamaEngine::load(cfg)
-        .with_context(|| format!("loading model '{}'{what}", model.path().display()))?;
-    if let Some(r) = &s.rpc {
-        // servers on this machine (and behind a relay on it) compute part of the measured
-        // graph: the noise gate counts their CPU time as this run's own while the engine lives
-        engine.count_as_own(&crate::rpc::local_server_pids(&r.servers));
-    }
-    Ok(engine)
-}
-
 /// The prefix of a knob that sets an environment variable in a worker's process
 /// (`env:GGML_CUDA_DISABLE_GRAPHS=1`).
 pub const ENV_KNOB: &str = opledger_core::ab::ENV_KNOB_PREFIX;
@@ -365,10 +291,10 @@ pub fn knob_env(knobs: &Knobs) -> std::collections::BTreeMap<String, String> {
         .collect()
 }
 
-/// llama.cpp in a worker process built in the user's own llama.cpp tree, with the same
-/// settings and knobs as the embedded engine; `--rpc` splits the model over RPC servers from
-/// the worker (each server asked for its version and devices here first, where this build has
-/// llama.cpp's RPC client to ask with).
+/// llama.cpp in a worker process (the bundled one, or one built in the user's own llama.cpp
+/// tree) with the settings and knobs; `--rpc` splits the model over RPC servers from the worker
+/// (each server asked for its version and devices here first: ggml's client would abort the
+/// worker on a refused connection or another version).
 fn open_worker(
     model: &ModelFile,
     s: &EngineSettings,
@@ -406,6 +332,7 @@ fn open_worker(
                     layers,
                     gpu_layers,
                     tensor_split,
+                    timeout: r.timeout,
                 })
             }
             None => None,
@@ -424,18 +351,10 @@ fn open_worker(
 
 /// Each RPC server asked for its protocol version and devices before the worker's ggml client
 /// connects (which aborts the worker on a refused connection or another version).
-#[cfg(feature = "llama")]
 fn preflight(servers: &[String], timeout: std::time::Duration) -> Result<()> {
     for s in servers {
-        opledger_llama::rpc::preflight(s, timeout)?;
+        opledger_worker::rpc::preflight(s, timeout)?;
     }
-    Ok(())
-}
-
-/// Without llama.cpp linked, the worker's own client meets the servers first (a refused
-/// connection ends the worker, and the run names it).
-#[cfg(not(feature = "llama"))]
-fn preflight(_servers: &[String], _timeout: std::time::Duration) -> Result<()> {
     Ok(())
 }
 
@@ -505,18 +424,18 @@ mod tests {
     #[test]
     fn a_side_s_worker_knob_overrides_the_flag_and_the_bundled_worker_is_the_default() {
         let mut s = EngineSettings::new(2);
-        let bundled = opledger_worker::bundled::path().unwrap();
-        assert_eq!(s.worker().unwrap().unwrap().path, bundled);
+        let bundled = bundled_worker();
+        assert_eq!(
+            s.worker().ok().map(|w| w.path),
+            bundled.as_ref().ok().cloned()
+        );
         s.worker = Some(WorkerSettings {
             path: "/w/flag".into(),
             timeout: std::time::Duration::from_secs(7),
         });
-        assert_eq!(
-            s.worker().unwrap().unwrap().path,
-            std::path::Path::new("/w/flag")
-        );
+        assert_eq!(s.worker().unwrap().path, std::path::Path::new("/w/flag"));
         s.knobs = "worker=/w/knob".parse().unwrap();
-        let w = s.worker().unwrap().unwrap();
+        let w = s.worker().unwrap();
         // the knob's worker, with the flag's timeout
         assert_eq!(
             (w.path.as_path(), w.timeout),
@@ -526,9 +445,11 @@ mod tests {
             )
         );
         s.knobs = "worker=bundled".parse().unwrap();
-        assert_eq!(s.worker().unwrap().unwrap().path, bundled);
+        assert_eq!(s.worker().ok().map(|w| w.path), bundled.ok());
+        // the retired embedded engine is refused by name
         s.knobs = "worker=embedded".parse().unwrap();
-        assert_eq!(s.worker().unwrap(), None);
+        let e = s.worker().unwrap_err().to_string();
+        assert!(e.contains("embedded llama.cpp engine is retired"), "{e}");
         // the defaults an A/B resolves name the engine each side runs
         assert_eq!(
             EngineSettings::new(2).resolved_defaults(64).get("worker"),

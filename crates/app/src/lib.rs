@@ -4,6 +4,7 @@
 //! rules a run uses (`bands`); manifests (`manifest`); every stored run written and read in one
 //! place (`runs`); and what a result means for the exit code (`outcome`). No argument parsing
 //! and no printing here: the CLI turns arguments into requests and results into output.
+#![forbid(unsafe_code)]
 
 pub mod ab;
 pub mod bands;

@@ -140,9 +140,25 @@ pub fn is_worker_failure(e: &anyhow::Error) -> bool {
     })
 }
 
+/// Whether a command's error is a remote device failing mid-run (see [`REMOTE_FAILED`]): the
+/// llama.cpp worker over RPC servers ended as a remote failure (PROTOCOL.md, "Faults").
+pub fn is_remote_failure(e: &anyhow::Error) -> bool {
+    use opledger_core::engine::EngineError;
+    use opledger_core::sweep::SweepError;
+    let remote = |e: &EngineError| matches!(e, EngineError::RemoteFailed(_));
+    e.chain().any(|c| {
+        c.downcast_ref::<EngineError>().is_some_and(remote)
+            || matches!(c.downcast_ref::<SweepError>(), Some(SweepError::Engine(x)) if remote(x))
+            || c.downcast_ref::<opledger_worker::WorkerError>()
+                .is_some_and(|w| w.is_remote_failure())
+    })
+}
+
 /// The exit code and the words of a command's error.
 pub fn of_error(e: &anyhow::Error) -> (u8, String) {
-    if is_worker_failure(e) {
+    if is_remote_failure(e) {
+        (REMOTE_FAILED, format!("error: {e:#}"))
+    } else if is_worker_failure(e) {
         (WORKER_FAILED, format!("error: {e:#}"))
     } else if is_failed_check(e) {
         (CHECK_FAILED, format!("check failed: {e:#}"))

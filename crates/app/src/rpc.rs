@@ -1,70 +1,42 @@
 //! llama.cpp's RPC backend from the application's side: serving this machine's CPU to a client
-//! elsewhere, and what a run over remote devices does when one of them fails mid-run.
+//! elsewhere (in a worker process), the run folder of a run whose remote device failed mid-run,
+//! the servers on this machine, and a simulated link.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use anyhow::Result;
 
 /// Serves this machine's CPU as a remote device on `host:port` with `threads` threads (ggml's own
-/// RPC server: one client at a time), in a process of the bundled llama.cpp worker
-/// (`opledger-llama-worker --rpc-server`): opledger links no llama.cpp of its own. Returns only
-/// when the server cannot start or stops, with the worker's exit status or signal.
+/// RPC server: one client at a time) by replacing this process with the bundled llama.cpp worker
+/// (`opledger-llama-worker --rpc-server`, `exec`): opledger links no llama.cpp of its own, and
+/// the server is this very process, so a signal sent to it (a stop, a kill) reaches ggml's
+/// server and no orphan is left serving. Returns only when the worker cannot be started.
 pub fn serve(host: &str, port: u16, threads: u32) -> Result<()> {
-    let worker = opledger_worker::bundled::path().map_err(anyhow::Error::msg)?;
-    let status = std::process::Command::new(&worker)
+    use std::os::unix::process::CommandExt;
+    let worker = crate::engines::bundled_worker()?;
+    let e = std::process::Command::new(&worker)
         .arg("--rpc-server")
         .arg(format!("{host}:{port}"))
         .arg("--threads")
         .arg(threads.max(1).to_string())
-        .status()
-        .map_err(|e| anyhow::anyhow!("the llama.cpp worker {} cannot be started: {e}", worker.display()))?;
+        .exec();
     anyhow::bail!(
-        "the RPC server on {host}:{port} (the llama.cpp worker {}) stopped: {}",
-        worker.display(),
-        opledger_worker::process::describe_status(status)
+        "the RPC server on {host}:{port} cannot start: the llama.cpp worker {} cannot be run: {e}",
+        worker.display()
     )
 }
 
-/// From now on, a remote device that fails (ggml's RPC client aborts on a closed connection or
-/// a malformed answer; the watchdog on a server that stops answering) ends the process with
-/// exit status [`crate::outcome::REMOTE_FAILED`] and the reason on stderr, and writes the
-/// reason into `folder`'s INCOMPLETE marker: the run folder stays marked incomplete. A folder
-/// already finished (a server lost while the model is freed) is left as it is.
-pub fn stop_on_remote_failure(folder: Option<PathBuf>) {
-    stop_on_abort(folder, crate::outcome::REMOTE_FAILED);
+/// When `e` is a remote device failing mid-run ([`crate::outcome::is_remote_failure`]: the
+/// worker over RPC servers ended as a remote failure), writes the reason into `folder`'s
+/// INCOMPLETE marker, so the run folder is kept, marked incomplete with why
+/// (`opledger_core::run_folder::mark_stopped`). Returns whether it did: false for any other
+/// error, or a folder already finished.
+pub fn mark_stopped(folder: &Path, e: &anyhow::Error) -> bool {
+    if !crate::outcome::is_remote_failure(e) {
+        return false;
+    }
+    opledger_core::run_folder::mark_stopped(folder, &format!("{e:#}")).unwrap_or(false)
 }
-
-/// The same for a run on this machine alone (a split profile's one-process comparison, after
-/// the split engine is gone): llama.cpp aborting ends the process with exit status 1.
-pub fn stop_on_local_abort(folder: Option<PathBuf>) {
-    stop_on_abort(folder, 1);
-}
-
-#[cfg(feature = "llama")]
-fn stop_on_abort(folder: Option<PathBuf>, status: u8) {
-    let hook = move |why: &str| {
-        eprintln!("error: {why}");
-        if let Some(f) = &folder {
-            let marker = f.join(opledger_core::run_folder::INCOMPLETE_MARKER);
-            if marker.exists() {
-                let _ = std::fs::write(&marker, format!("this run was stopped: {why}\n"));
-                eprintln!(
-                    "the run folder {} is left incomplete (INCOMPLETE says why)",
-                    f.display()
-                );
-            } else {
-                eprintln!(
-                    "the run folder {} was complete before this and is kept",
-                    f.display()
-                );
-            }
-        }
-    };
-    opledger_llama::rpc::on_abort(std::sync::Arc::new(hook), status);
-}
-
-#[cfg(not(feature = "llama"))]
-fn stop_on_abort(_folder: Option<PathBuf>, _status: u8) {}
 
 /// Whether `host` is a loopback address (or `localhost`).
 pub fn is_loopback_host(host: &str) -> bool {

@@ -1,5 +1,6 @@
 //! The `opledger` binary: parses arguments, builds each command's configuration, runs it. No
 //! measurement or analysis logic lives here: that is in the core, engine and report crates.
+#![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 

@@ -32,7 +32,7 @@ pub const KNOWN_KNOBS: [(&str, &str); 7] = [
     ("repack", "on or off (CPU weight repacking)"),
     (
         "worker",
-        "the path of a llama.cpp worker (tools/llama-worker) built in another llama.cpp tree, or `embedded` for the llama.cpp linked into opledger",
+        "the path of a llama.cpp worker (tools/llama-worker) built in another llama.cpp tree, or `bundled` for the worker built with this opledger",
     ),
 ];
 

@@ -1,8 +1,7 @@
 //! The isolation calibration's arithmetic, engine-agnostic: how each captured node is
 //! dispatched (the calibration graph mirrors it node for node), and the isolation cost of each
-//! node from the calibration's raw rounds. The engines measure the rounds (the embedded
-//! llama.cpp in `opledger-llama`, the llama.cpp worker through its `calibrate` request); this
-//! module turns them into figures, one copy for both.
+//! node from the calibration's raw rounds. The engines measure the rounds (the llama.cpp
+//! worker through its `calibrate` request); this module turns them into figures.
 
 use crate::node::NodeInfo;
 

@@ -95,7 +95,7 @@ pub struct EngineInfo {
     pub settings: BTreeMap<String, String>,
 }
 
-/// One of ggml's devices as a manifest records it (`devices`, embedded engine and worker alike):
+/// One of ggml's devices as a manifest records it (`devices`, as the llama.cpp worker reports them):
 /// `CUDA0 (NVIDIA H200, gpu, 139.8 GiB, 139.2 GiB free)`.
 pub fn device_line(
     name: &str,
@@ -146,6 +146,10 @@ pub enum EngineError {
     /// wrote something that is not its protocol; the words name it and what it did.
     #[error("{0}")]
     Worker(String),
+    /// A remote device (an RPC server the model is split over) failed mid-run: it closed the
+    /// connection, answered wrongly, or stopped answering for longer than the RPC timeout.
+    #[error("{0}")]
+    RemoteFailed(String),
     #[error("{what} is not supported by this engine: {why}")]
     Unsupported { what: String, why: String },
     /// A command asked an engine for a capability it lacks, and why where the engine says

@@ -49,7 +49,8 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunFolderError + '_ {
 
 /// A run folder being written. A folder this process created and left holding nothing but its
 /// marker (the command failed before writing anything, a refusal or an error before measuring)
-/// is removed when the value is dropped: a failed command leaves no folder behind.
+/// is removed when the value is dropped: a failed command leaves no folder behind, unless the
+/// marker says why the run stopped ([`mark_stopped`]).
 #[derive(Debug)]
 pub struct RunFolder {
     path: PathBuf,
@@ -68,12 +69,30 @@ impl Drop for RunFolder {
                 .collect();
             names.len() == 1 && names[0] == INCOMPLETE_MARKER
         });
-        if only_marker {
+        // a marker that says why the run stopped is kept (mark_stopped)
+        let stopped = fs::read(self.path.join(INCOMPLETE_MARKER))
+            .is_ok_and(|b| b.starts_with(STOPPED.as_bytes()));
+        if only_marker && !stopped {
             // best effort: a folder that cannot be removed stays marked incomplete
             let _ = fs::remove_file(self.path.join(INCOMPLETE_MARKER));
             let _ = fs::remove_dir(&self.path);
         }
     }
+}
+
+/// How the INCOMPLETE marker of a run that was stopped by a failure starts (the reason follows).
+pub const STOPPED: &str = "this run was stopped: ";
+
+/// Writes why the run in `folder` stopped into its INCOMPLETE marker, so the folder stays
+/// marked incomplete with the reason and is kept even when it holds nothing else. Returns false
+/// (and writes nothing) when the folder has no marker: it was complete before the failure.
+pub fn mark_stopped(folder: &Path, why: &str) -> Result<bool, RunFolderError> {
+    let marker = folder.join(INCOMPLETE_MARKER);
+    if !marker.exists() {
+        return Ok(false);
+    }
+    fs::write(&marker, format!("{STOPPED}{why}\n")).map_err(io_err(&marker))?;
+    Ok(true)
 }
 
 impl RunFolder {
@@ -325,6 +344,16 @@ mod tests {
         f.write("a.txt", b"x").unwrap();
         f.finish().unwrap();
         assert!(s.join("a.txt").exists());
+        // a run stopped by a failure keeps its folder, the marker saying why
+        let t = dir.path().join("stopped");
+        let f = RunFolder::create(&t).unwrap();
+        assert!(mark_stopped(&t, "a remote device failed").unwrap());
+        drop(f);
+        let why = fs::read_to_string(t.join(INCOMPLETE_MARKER)).unwrap();
+        assert_eq!(why, "this run was stopped: a remote device failed\n");
+        // a finished folder is not marked
+        assert!(!mark_stopped(&s, "late").unwrap());
+        assert!(!s.join(INCOMPLETE_MARKER).exists());
     }
 
     #[test]

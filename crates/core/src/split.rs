@@ -247,7 +247,7 @@ pub fn slot_times(slots: &[Slot], node_us: &[f64], gap_us: &[f64], tail_us: f64)
 /// engine has no calibration of its own (a llama.cpp worker): the median TIMED time of the
 /// nodes that do no work on that device (views: each one the backend's dispatch of nothing and
 /// its synchronisation, the launch-and-wait a TIMED node pays there; on an RPC device one graph
-/// sent and one round trip), as the embedded engine measures remote devices. A transfer into a
+/// sent and one round trip). A transfer into a
 /// remote device pays half of it (its first node's read of the inputs: the answer's way back,
 /// which the FUSED run does not wait for); a transfer into any other device, and the outputs
 /// read back, nothing (the scheduler's copies there are synchronous in FUSED runs too).

@@ -1,5 +1,4 @@
-//! [`WorkerEngine`]: the llama.cpp engine over the worker's pipe. It does what the embedded
-//! engine (`opledger-llama`) does, request by request: two contexts on one model (plain: no
+//! [`WorkerEngine`]: the llama.cpp engine over the worker's pipe, request by request: two contexts on one model (plain: no
 //! callback, the native path; observed: the instrument), the context filled to the depth once
 //! and its state restored before every run, the same filler tokens, the same logits hashes. The
 //! worker executes; every decision about what to run stays here.
@@ -33,7 +32,7 @@ use crate::protocol::{
 /// `replay`).
 pub const CLONES_PER_ROUND: u32 = 16;
 
-/// Rounds of the isolation calibration per calibration (as the embedded engine's).
+/// Rounds of the isolation calibration per calibration .
 const CALIBRATION_ROUNDS: u32 = 5;
 
 /// How to start a worker and load the model in it.
@@ -71,6 +70,9 @@ pub struct WorkerRpc {
     pub layers: Vec<u32>,
     pub gpu_layers: i32,
     pub tensor_split: Vec<f32>,
+    /// How long a request may go without progress before the worker ends itself as a remote
+    /// failure (`--rpc-timeout`; the worker's watchdog, PROTOCOL.md "Faults").
+    pub timeout: std::time::Duration,
 }
 
 /// What the engine keeps of a captured graph: its ops, which a TIMED run must follow, and what
@@ -145,7 +147,9 @@ fn fields(v: Value) -> Map<String, Value> {
 /// A worker error as the engine's error: faults keep their type (the command's exit code says
 /// the worker failed), refusals are the engine's own words.
 fn engine_err(e: WorkerError) -> EngineError {
-    if e.is_fault() || matches!(e, WorkerError::Start { .. }) {
+    if matches!(e, WorkerError::RemoteFailed { .. }) {
+        EngineError::RemoteFailed(e.to_string())
+    } else if e.is_fault() || matches!(e, WorkerError::Start { .. }) {
         EngineError::Worker(e.to_string())
     } else {
         EngineError::Failed(e.to_string())
@@ -175,6 +179,9 @@ impl WorkerEngine {
             load["gpu_layers"] = r.gpu_layers.into();
             load["rpc"] = json!(r.servers);
             load["tensor_split"] = json!(r.tensor_split);
+            load["rpc_timeout_ms"] = (r.timeout.as_millis().max(1) as u64).into();
+            // a worker that ends as a remote failure is told apart from any other fault
+            proc.set_remote(true);
         }
         let loaded: Loaded = proc.request("load", fields(load))?;
         Ok(WorkerEngine {
@@ -339,7 +346,7 @@ impl WorkerEngine {
         Ok(())
     }
 
-    /// The run's timing checked against the captured graph (as the embedded engine's); a graph
+    /// The run's timing checked against the captured graph ; a graph
     /// that changed between runs is the worker's failure.
     fn timing(
         &self,
@@ -441,7 +448,7 @@ impl WorkerEngine {
         })
     }
 
-    /// A prefill run: restore, decode the chunk, hash as the embedded engine does.
+    /// A prefill run: restore, decode the chunk, hash.
     fn run_chunk(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
         let work = self
             .work
@@ -1220,7 +1227,7 @@ pub fn cuda_graphs(l: &crate::protocol::LlamaBuild) -> String {
     format!("unknown (not reported by the backend; {requested})")
 }
 
-/// A prefill chunk's hash from its rows' (as the embedded engine's): every token's row folded
+/// A prefill chunk's hash from its rows' : every token's row folded
 /// in, or the last token's alone.
 fn chunk_hash(d: &Decoded, all_logits: bool) -> u64 {
     rows_hash(&d.row_hashes, all_logits)

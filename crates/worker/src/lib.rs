@@ -6,15 +6,21 @@
 //! (profile, decode, sweep, graph capture). The worker measures; everything that bands,
 //! summarises or judges stays in opledger.
 //!
+//! With the feature `bundled`, `cargo build` also builds the worker against the llama.cpp that
+//! `llama-cpp-sys-2` compiles from its vendored sources and embeds it ([`bundled`]); the
+//! RPC pre-flight ([`rpc`]) asks each server for its version before a worker connects.
+//!
 //! Faults belong to the worker: every write and read has a timeout and an answer line a bound; a
 //! worker that dies, hangs or writes something that is not the protocol ends the run with a
 //! [`WorkerError`] naming it, and the child is always reaped.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "bundled")]
 pub mod bundled;
 pub mod engine;
 pub mod process;
 pub mod protocol;
+pub mod rpc;
 
 pub use engine::{WorkerConfig, WorkerEngine, WorkerRpc};
 pub use process::{identify, WorkerError, WorkerProcess};

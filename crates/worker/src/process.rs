@@ -42,7 +42,28 @@ pub enum WorkerError {
         op: String,
         why: String,
     },
+    /// A worker over RPC servers ended because a remote device failed mid-run: it exited with
+    /// [`REMOTE_FAILED_STATUS`] (ggml's RPC client aborted, or its watchdog found no progress
+    /// for the RPC timeout), or it died with ggml's RPC abort in its last words. `why` is its
+    /// own last line.
+    #[error("a remote device failed mid-run: {why} (the llama.cpp worker {} {what})", worker.display())]
+    RemoteFailed {
+        worker: PathBuf,
+        why: String,
+        what: String,
+    },
 }
+
+/// The exit status of a worker over RPC servers whose remote device failed (PROTOCOL.md,
+/// "Faults").
+pub const REMOTE_FAILED_STATUS: i32 = 7;
+
+/// The words ggml's RPC client aborts with when a server's connection broke or its answer was
+/// malformed (`RPC_STATUS_ASSERT` in ggml-rpc.cpp).
+pub const GGML_RPC_ABORT: &str = "Remote RPC server crashed";
+
+/// The line prefix the worker writes on stderr before it ends as a remote failure.
+const REMOTE_LINE: &str = "opledger-llama-worker: a remote device failed: ";
 
 impl WorkerError {
     /// Whether the error is the worker misbehaving (died, hung, garbled), not a refusal or a
@@ -56,6 +77,11 @@ impl WorkerError {
                     ..
                 }
             )
+    }
+
+    /// Whether the error is a remote device (an RPC server) failing mid-run.
+    pub fn is_remote_failure(&self) -> bool {
+        matches!(self, WorkerError::RemoteFailed { .. })
     }
 }
 
@@ -105,6 +131,10 @@ pub struct WorkerProcess {
     hello: Hello,
     /// Set once the worker failed: nothing more is sent.
     dead: Option<String>,
+    /// The worker loads over RPC servers: its end may be a remote failure.
+    remote: bool,
+    /// Why a remote device failed, when the worker's end said so (its own last line).
+    remote_failure: Option<String>,
 }
 
 impl WorkerProcess {
@@ -195,6 +225,8 @@ impl WorkerProcess {
             // read right below, before the process is handed out
             hello: Hello::default(),
             dead: None,
+            remote: false,
+            remote_failure: None,
         };
         let line = p.read_line("its hello")?;
         p.hello = parse_hello(&line).map_err(|problem| {
@@ -415,6 +447,9 @@ impl WorkerProcess {
         if status.is_some_and(|s| signal_of(s) == Some(4)) {
             msg.push_str(&format!(" ({SIGILL_MEANS})"));
         }
+        if self.remote {
+            self.remote_failure = status.and_then(|s| remote_failure(s, &self.stderr_tail));
+        }
         let (err, out) = (tail_of(&self.stderr_tail), tail_of(&self.stdout_tail));
         if !err.is_empty() {
             msg.push_str(&format!("; its last words: {err}"));
@@ -436,7 +471,20 @@ impl WorkerProcess {
     fn fail(&mut self, what: String) -> WorkerError {
         self.dead = Some(what.clone());
         self.kill();
-        self.fault(what)
+        match self.remote_failure.take() {
+            Some(why) => WorkerError::RemoteFailed {
+                worker: self.path.clone(),
+                why,
+                what,
+            },
+            None => self.fault(what),
+        }
+    }
+
+    /// Says that the worker loads over RPC servers: from now on, its end with
+    /// [`REMOTE_FAILED_STATUS`] or ggml's RPC abort is a [`WorkerError::RemoteFailed`].
+    pub fn set_remote(&mut self, remote: bool) {
+        self.remote = remote;
     }
 
     fn kill(&mut self) {
@@ -554,6 +602,29 @@ fn drain(stream: impl Read + Send + 'static, tail: Tail, verbose: bool) -> JoinH
             keep(&mut line);
         }
     })
+}
+
+/// Why a worker over RPC servers ended, when its end was a remote failure: its own last line
+/// (after exit status [`REMOTE_FAILED_STATUS`]), else ggml's RPC abort in its last words (a
+/// worker built without the abort hook, killed by SIGABRT).
+fn remote_failure(status: std::process::ExitStatus, stderr: &Tail) -> Option<String> {
+    let lines: Vec<String> = stderr.lock().map(|t| t.iter().cloned().collect()).ok()?;
+    let own = lines
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix(REMOTE_LINE).map(str::to_string));
+    let ggml = lines
+        .iter()
+        .rev()
+        .find(|l| l.contains(GGML_RPC_ABORT))
+        .map(|l| format!("llama.cpp aborted the run: {}", l.trim()));
+    if status.code() == Some(REMOTE_FAILED_STATUS) {
+        Some(own.or(ggml).unwrap_or_else(|| {
+            format!("the worker exited with status {REMOTE_FAILED_STATUS} (a remote device failed)")
+        }))
+    } else {
+        own.or(ggml)
+    }
 }
 
 fn tail_of(t: &Tail) -> String {
@@ -797,5 +868,36 @@ mod tests {
             let e = parse_line_bound(Some(bad)).unwrap_err();
             assert!(e.contains(LINE_BOUND_ENV), "{e}");
         }
+    }
+
+    #[test]
+    fn a_remote_failure_is_the_worker_s_own_line_or_ggml_s_rpc_abort() {
+        use std::os::unix::process::ExitStatusExt;
+        let tail = |lines: &[&str]| -> Tail {
+            Arc::new(Mutex::new(lines.iter().map(|l| l.to_string()).collect()))
+        };
+        let exited = |code: i32| std::process::ExitStatus::from_raw(code << 8);
+        let sigabrt = std::process::ExitStatus::from_raw(6);
+        let own = tail(&[
+            "llama.cpp log",
+            "opledger-llama-worker: a remote device failed: no progress for 3.0 s (--rpc-timeout)",
+        ]);
+        assert_eq!(
+            remote_failure(exited(REMOTE_FAILED_STATUS), &own).as_deref(),
+            Some("no progress for 3.0 s (--rpc-timeout)")
+        );
+        // ggml's own words from a worker without the hook
+        let ggml =
+            tail(&["ggml-rpc.cpp:354: Remote RPC server crashed or returned malformed response"]);
+        let why = remote_failure(sigabrt, &ggml).unwrap();
+        assert!(why.contains("Remote RPC server crashed"), "{why}");
+        // the status alone says it
+        assert!(remote_failure(exited(REMOTE_FAILED_STATUS), &tail(&[])).is_some());
+        // any other end is not
+        assert_eq!(
+            remote_failure(sigabrt, &tail(&["GGML_ASSERT(x) failed"])),
+            None
+        );
+        assert_eq!(remote_failure(exited(1), &tail(&[])), None);
     }
 }

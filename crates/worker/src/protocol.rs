@@ -361,7 +361,7 @@ fn tensor_desc(t: &WireTensor) -> TensorDesc {
 }
 
 /// A node's device as opledger names it: an RPC device with its server (`RPC0[host:port]`, the
-/// device's description in ggml's list, as the embedded engine names it), any other as ggml
+/// device's description in ggml's list), any other as ggml
 /// does (`CPU`, `CUDA0`).
 pub fn device_label(name: &str, devices: &[Device]) -> String {
     match devices.iter().find(|d| d.name == name) {

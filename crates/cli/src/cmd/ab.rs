@@ -168,9 +168,10 @@ pub fn run_ab(args: AbArgs) -> Result<ExitCode> {
     check_knob_threads("--b", &b)?;
     // a side in a worker of another build: that build says which architectures load
     let other_build = args.model.llama_worker.is_some()
-        || [&a, &b]
-            .iter()
-            .any(|k| k.get("worker").is_some_and(|w| w != "embedded"));
+        || [&a, &b].iter().any(|k| {
+            k.get("worker")
+                .is_some_and(|w| w != opledger_app::engines::BUNDLED)
+        });
     let file = args.model.open_for(EngineKind::LlamaCpp, other_build)?;
     let bands = Bands::load(None, &file.arch.arch)?;
     let cfg = args.work.config(args.pairs, args.work.scenarios());

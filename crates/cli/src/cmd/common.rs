@@ -32,7 +32,7 @@ pub struct ModelArgs {
     #[arg(long)]
     pub verbose: bool,
     /// Run llama.cpp in this worker, built in your own llama.cpp tree (tools/llama-worker,
-    /// README "Your own llama.cpp"), instead of the llama.cpp linked into opledger.
+    /// README "Your own llama.cpp"), instead of the worker built with opledger.
     #[arg(long = "llama-worker", value_name = "PATH")]
     pub llama_worker: Option<PathBuf>,
     /// Seconds one request to the worker (a model's load, one run) may take before the worker
@@ -222,4 +222,22 @@ pub fn exit(outcome: Exit) -> ExitCode {
         eprintln!("{line}");
     }
     ExitCode::from(outcome.code())
+}
+
+/// `r` as it is; when it failed because a remote device failed mid-run, the reason is written
+/// into `folder`'s INCOMPLETE marker first (the folder is kept, marked incomplete with why) and
+/// stderr says so.
+pub fn stop_on_remote_failure<T>(
+    folder: &std::path::Path,
+    r: anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    if let Err(e) = &r {
+        if opledger_app::rpc::mark_stopped(folder, e) {
+            eprintln!(
+                "the run folder {} is left incomplete (INCOMPLETE says why)",
+                folder.display()
+            );
+        }
+    }
+    r
 }

@@ -69,14 +69,17 @@ pub fn run(args: GraphArgs) -> Result<ExitCode> {
         rpc: args.rpc.settings(),
         ..args.model.settings()
     };
-    if settings.rpc.is_some() {
-        opledger_app::rpc::stop_on_remote_failure(folder.as_ref().map(|f| f.path().to_path_buf()));
-    }
-    let mut engine = open_engine(kind, &file, &settings)?;
-    let engine_name = engine.info().engine;
-    let g = {
+    let measured = (|| {
+        let mut engine = open_engine(kind, &file, &settings)?;
+        let engine_name = engine.info().engine;
         let mut ui = Term::new(true);
-        opledger_app::graph::run(engine.as_mut(), &file.arch, &bands, &work, &mut ui)?
+        let g = opledger_app::graph::run(engine.as_mut(), &file.arch, &bands, &work, &mut ui)?;
+        anyhow::Ok((engine_name, g))
+    })();
+    // a remote device failing mid-run leaves the folder marked with why
+    let (engine_name, g) = match &folder {
+        Some(f) => super::common::stop_on_remote_failure(f.path(), measured)?,
+        None => measured?,
     };
     let arch = &file.arch;
     let label = file.path().display().to_string();

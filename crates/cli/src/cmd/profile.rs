@@ -121,26 +121,30 @@ pub fn run(args: ProfileArgs) -> Result<ExitCode> {
         rpc: args.rpc.settings(),
         ..args.model.settings()
     };
-    if settings.rpc.is_some() {
-        if args.decode > 0 {
-            bail!("--rpc profiles a prefill chunk; decode over remote devices (-n) is not supported yet");
-        }
-        opledger_app::rpc::stop_on_remote_failure(Some(folder.path().to_path_buf()));
+    if settings.rpc.is_some() && args.decode > 0 {
+        bail!(
+            "--rpc profiles a prefill chunk; decode over remote devices (-n) is not supported yet"
+        );
     }
-    let mut engine = open_engine(kind, &file, &settings)?;
-    let mut profiles = {
+    // a remote device failing mid-run leaves the folder marked with why
+    let stopped = |r| super::common::stop_on_remote_failure(folder.path(), r);
+    let (mut engine, mut profiles) = stopped((|| {
+        let mut engine = open_engine(kind, &file, &settings)?;
         let mut ui = Term::new(args.quiet || args.json);
-        opledger_app::profile::run(engine.as_mut(), &file, &bands, &req, &mut ui)?
-    };
+        let profiles = opledger_app::profile::run(engine.as_mut(), &file, &bands, &req, &mut ui)?;
+        Ok((engine, profiles))
+    })())?;
     if settings.rpc.is_some() {
         // the same work on one process, right after: FUSED walls and the logits
-        let split_logits = engine.logits()?;
+        let split_logits = super::common::stop_on_remote_failure(
+            folder.path(),
+            engine.logits().map_err(Into::into),
+        )?;
         // the split engine goes first: its model is freed on the servers too
         drop(engine);
         let compared = if args.no_one_process {
             Err("--no-one-process".to_string())
         } else {
-            opledger_app::rpc::stop_on_local_abort(Some(folder.path().to_path_buf()));
             let mut ui = Term::new(args.quiet || args.json);
             opledger_app::profile::one_process(
                 &file,

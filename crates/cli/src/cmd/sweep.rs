@@ -140,14 +140,16 @@ pub fn run(args: SweepArgs) -> Result<ExitCode> {
     if args.resume.is_some() {
         super::common::print_notes(&file);
     }
-    if settings.rpc.is_some() {
-        opledger_app::rpc::stop_on_remote_failure(Some(sweep.path().to_path_buf()));
-    }
-    let mut engine = open_engine(kind, &file, &settings)?;
-    let (path, manifest, summary) = {
-        let mut ui = Term::new(args.quiet || args.json);
-        sweep.run(engine.as_mut(), &mut ui)?
-    };
+    // a remote device failing mid-run leaves the folder marked with why
+    let folder = sweep.path().to_path_buf();
+    let (path, manifest, summary) = super::common::stop_on_remote_failure(
+        &folder,
+        (|| {
+            let mut engine = open_engine(kind, &file, &settings)?;
+            let mut ui = Term::new(args.quiet || args.json);
+            sweep.run(engine.as_mut(), &mut ui)
+        })(),
+    )?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else if !args.quiet {

@@ -384,7 +384,7 @@ fn isolation(raw: &ProfileRaw) -> Result<Isolation, SummaryError> {
     let working: Vec<bool> = raw.graph.iter().map(|g| g.is_working()).collect();
     let decode = raw.config.work.is_decode();
     // without the engine's calibration, a graph over several devices takes each device's own
-    // idle nodes (as the embedded engine does for remote devices)
+    // idle nodes
     let on_device = (!calibrated)
         .then(|| crate::split::isolation_devices(&raw.graph))
         .flatten();
