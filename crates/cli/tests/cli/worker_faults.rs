@@ -19,17 +19,6 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn tiny(dir: &Path) -> PathBuf {
-    let model = dir.join("tiny.gguf");
-    opledger_gguf::synthesize(
-        &opledger_gguf::SynthOptions::new("tiny-qwen35moe"),
-        &model,
-        &mut |_, _| {},
-    )
-    .unwrap();
-    model
-}
-
 /// A wrapper that runs the fake worker with `spec` (`FAULT` or `FAULT@PHASE`).
 fn fake(dir: &Path, spec: &str) -> PathBuf {
     let script = repo().join("crates/cli/tests/fixtures/fake_worker.py");
@@ -134,7 +123,7 @@ fn assert_fault(case: &str, o: &Output, w: &Path, out: &Path, code: i32, words: 
 fn worker_faults_end_in_clear_errors_and_no_complete_run_folder() {
     let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny(dir.path());
+    let model = crate::synth(dir.path(), "tiny-qwen35moe");
     let missing = dir.path().join("no-such-worker");
     let not_exec = dir.path().join("not-executable");
     std::fs::write(&not_exec, "#!/bin/sh\n").unwrap();
@@ -199,7 +188,7 @@ fn worker_faults_end_in_clear_errors_and_no_complete_run_folder() {
 fn a_fault_in_any_phase_ends_in_exit_8_naming_the_request_and_what_happened() {
     let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny(dir.path());
+    let model = crate::synth(dir.path(), "tiny-qwen35moe");
     // (phase, the words naming its request)
     let phases = [
         ("load", "'load'"),
@@ -240,6 +229,55 @@ fn a_fault_in_any_phase_ends_in_exit_8_naming_the_request_and_what_happened() {
     );
 }
 
+/// The two requests a profile and a ledger add to the decodes, faulted the same way: the
+/// isolation calibration (after a profile's TIMED runs) and a round of in-graph replay (a
+/// ledger's replay method, candle the other side on a tiny qwen3moe it loads).
+#[test]
+fn a_fault_during_the_calibration_or_a_replay_round_ends_in_exit_8() {
+    let _machine = crate::machine::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let model = crate::synth(dir.path(), "tiny-qwen35moe");
+    let qwen3moe = crate::synth(dir.path(), "tiny-qwen3moe");
+    let ledger = [
+        "ledger",
+        "--engines",
+        "candle,llama.cpp",
+        "--method",
+        "replay",
+        "-p",
+        "16",
+        "-r",
+        "2",
+        "-k",
+        "4",
+        "--replay-cycles",
+        "1",
+        "-t",
+        "1",
+        "-q",
+    ];
+    for (fault, happened) in [
+        (
+            "segv",
+            "was killed by signal 11 (SIGSEGV) while waiting for",
+        ),
+        ("hang", "did not answer"),
+        ("garbage", "wrote a line that is not the protocol"),
+        ("exit0", "exited with status 0 while waiting for"),
+    ] {
+        for (phase, args, m) in [
+            ("calibrate", command_for("timed"), &model),
+            ("replay", ledger.to_vec(), &qwen3moe),
+        ] {
+            let spec = format!("{fault}@{phase}");
+            let w = fake(dir.path(), &spec);
+            let out = dir.path().join(format!("run-{fault}-{phase}"));
+            let o = run_with(&args, m, &out, &w, &[]);
+            assert_fault(&spec, &o, &w, &out, 8, &[&format!("'{phase}'"), happened]);
+        }
+    }
+}
+
 /// Junk on the worker's stdout and stderr, in any phase (bytes that are not UTF-8, more than a
 /// pipe holds, a line without its end): the command ends as it does with a worker that prints
 /// nothing (the fake graph's checks fail alike: exit 3, the run folder complete), and
@@ -248,7 +286,7 @@ fn a_fault_in_any_phase_ends_in_exit_8_naming_the_request_and_what_happened() {
 fn junk_on_the_worker_s_stdout_and_stderr_is_harmless_in_any_phase() {
     let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny(dir.path());
+    let model = crate::synth(dir.path(), "tiny-qwen35moe");
     let files = |out: &Path| {
         let mut f: Vec<String> = std::fs::read_dir(out)
             .unwrap()
