@@ -25,6 +25,18 @@ mod machine {
     }
 }
 
+/// The synthetic model of `preset` written into `dir` (`<preset>.gguf`).
+fn synth(dir: &std::path::Path, preset: &str) -> std::path::PathBuf {
+    let model = dir.join(format!("{preset}.gguf"));
+    opledger_gguf::synthesize(
+        &opledger_gguf::SynthOptions::new(preset),
+        &model,
+        &mut |_, _| {},
+    )
+    .unwrap_or_else(|e| panic!("writing {}: {e}", model.display()));
+    model
+}
+
 /// llama.cpp opened as the commands open it (`--engine llama.cpp`): the worker cargo built
 /// (`worker=bundled`) in its own process, with `settings`.
 fn llama_cpp(

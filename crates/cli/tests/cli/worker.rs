@@ -50,17 +50,6 @@ pub(crate) fn worker() -> PathBuf {
     .clone()
 }
 
-fn tiny(dir: &Path) -> PathBuf {
-    let model = dir.join("tiny.gguf");
-    opledger_gguf::synthesize(
-        &opledger_gguf::SynthOptions::new("tiny-qwen35moe"),
-        &model,
-        &mut |_, _| {},
-    )
-    .unwrap();
-    model
-}
-
 fn run(args: &[&str], model: &Path, out: &Path, extra: &[&str]) -> Output {
     Command::new(bin())
         .args(args)
@@ -105,7 +94,7 @@ fn a_worker_built_separately_profiles_as_the_bundled_worker() {
     let _machine = crate::machine::shared();
     let w = worker();
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny(dir.path());
+    let model = crate::synth(dir.path(), "tiny-qwen35moe");
     let args = [
         "profile",
         "-p",
@@ -219,7 +208,7 @@ fn an_a_a_of_two_worker_processes_and_of_two_builds_is_the_same_output_and_runs_
     let _machine = crate::machine::shared();
     let w = worker();
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny(dir.path());
+    let model = crate::synth(dir.path(), "tiny-qwen35moe");
     let worker_side = format!("worker={}", w.display());
     for (a, b, name) in [
         (worker_side.as_str(), worker_side.as_str(), "aa"),
@@ -275,7 +264,7 @@ fn the_bundled_worker_and_a_worker_built_separately_give_the_same_bands_with_fig
     let _machine = crate::machine::shared();
     let w = worker();
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny(dir.path());
+    let model = crate::synth(dir.path(), "tiny-qwen35moe");
     let args = ["profile", "-p", "64", "-r", "3", "-t", "1", "-q"];
     let e = dir.path().join("e");
     let o = run(&args, &model, &e, &[]);
@@ -481,7 +470,7 @@ fn an_env_knob_reaches_its_side_s_worker_and_the_manifest_says_so() {
     let _machine = crate::machine::shared();
     let w = worker();
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny(dir.path());
+    let model = crate::synth(dir.path(), "tiny-qwen35moe");
     // each worker process started logs the requests it is asked under its pid, which its
     // hello reports in its environment: the manifest's side is the process that measured
     let logs = dir.path().join("requests");

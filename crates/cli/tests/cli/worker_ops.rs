@@ -31,17 +31,6 @@ fn settings(worker: Option<&Path>) -> EngineSettings {
     }
 }
 
-fn tiny(dir: &Path) -> std::path::PathBuf {
-    let model = dir.join("tiny.gguf");
-    opledger_gguf::synthesize(
-        &opledger_gguf::SynthOptions::new("tiny-qwen35moe"),
-        &model,
-        &mut |_, _| {},
-    )
-    .unwrap();
-    model
-}
-
 /// `opledger ops` on `model` with `extra`: ops.json.
 fn ops_json(model: &Path, out: &Path, extra: &[&str]) -> Value {
     let o = Command::new(assert_cmd::cargo::cargo_bin("opledger"))
@@ -92,7 +81,7 @@ fn ops_through_a_worker_built_separately_has_the_bundled_worker_s_rows_with_fini
     let _machine = crate::machine::shared();
     let w = crate::worker::worker();
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny(dir.path());
+    let model = crate::synth(dir.path(), "tiny-qwen35moe");
     let bundled = ops_json(&model, &dir.path().join("bundled"), &[]);
     let through = ops_json(
         &model,
@@ -158,7 +147,7 @@ fn a_worker_built_separately_captures_the_bundled_worker_s_routing_bit_for_bit_a
     let _machine = crate::machine::shared();
     let w = crate::worker::worker();
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny(dir.path());
+    let model = crate::synth(dir.path(), "tiny-qwen35moe");
     let file = ModelFile::open(&model).unwrap();
     let mut bundled = open_engine(EngineKind::LlamaCpp, &file, &settings(None)).unwrap();
     assert_eq!(
@@ -223,7 +212,7 @@ fn a_node_the_worker_cannot_rebuild_is_refused_by_name() {
     let _machine = crate::machine::shared();
     let w = crate::worker::worker();
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny(dir.path());
+    let model = crate::synth(dir.path(), "tiny-qwen35moe");
     let file = ModelFile::open(&model).unwrap();
     let mut worker = open_engine(EngineKind::LlamaCpp, &file, &settings(Some(&w))).unwrap();
     let req = OpTimeRequest {

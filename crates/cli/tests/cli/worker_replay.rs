@@ -40,17 +40,6 @@ fn bundled_engine(model: &Path) -> opledger_worker::WorkerEngine {
     worker_engine(opledger_worker::bundled::path().unwrap(), model)
 }
 
-fn tiny_qwen35moe(dir: &Path) -> PathBuf {
-    let model = dir.join("tiny35.gguf");
-    opledger_gguf::synthesize(
-        &opledger_gguf::SynthOptions::new("tiny-qwen35moe"),
-        &model,
-        &mut |_, _| {},
-    )
-    .unwrap();
-    model
-}
-
 /// Gemma 3 270M from `scripts/fetch-models` (cached after its first fetch; a failed fetch fails
 /// the test, as the published model's other tests do).
 fn gemma3_270m() -> PathBuf {
@@ -229,7 +218,7 @@ fn replays_and_calibration_match_the_bundled_worker(model: &Path, chunk: u32, k:
 fn worker_replays_and_calibrates_the_tiny_qwen35moe_as_the_bundled_worker() {
     let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_qwen35moe(dir.path());
+    let model = crate::synth(dir.path(), "tiny-qwen35moe");
     replays_and_calibration_match_the_bundled_worker(&model, 64, 4);
 }
 
@@ -245,7 +234,7 @@ fn worker_replays_and_calibrates_gemma3_270m_as_the_bundled_worker() {
 fn a_profile_through_the_worker_is_calibrated_node_by_node() {
     let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_qwen35moe(dir.path());
+    let model = crate::synth(dir.path(), "tiny-qwen35moe");
     let out = dir.path().join("p");
     let w = crate::worker::worker();
     let o = std::process::Command::new(assert_cmd::cargo::cargo_bin("opledger"))
@@ -296,13 +285,7 @@ fn a_profile_through_the_worker_is_calibrated_node_by_node() {
 fn a_replay_ledger_runs_through_a_worker_built_separately_with_the_bundled_worker_s_structure() {
     let _machine = crate::machine::shared();
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tq3.gguf");
-    opledger_gguf::synthesize(
-        &opledger_gguf::SynthOptions::new("tiny-qwen3moe"),
-        &model,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let model = crate::synth(dir.path(), "tiny-qwen3moe");
     let w = crate::worker::worker();
     let ledger = |name: &str, extra: &[&str]| {
         let o = std::process::Command::new(assert_cmd::cargo::cargo_bin("opledger"))
