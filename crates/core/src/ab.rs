@@ -323,6 +323,29 @@ impl Verdict {
     }
 }
 
+impl Verdict {
+    /// The verdict of B/A's interval `[lo, hi]` against a control measured with as many runs
+    /// as B/A (a second process of A against A, cycle by cycle, [`judge_with_control`]): its
+    /// interval is the noise itself, with no rescaling. A control that moved (its whole
+    /// interval beyond ±min_effect) makes it inconclusive; faster when the whole interval lies
+    /// below both 1 - min_effect and the control's lower bound, slower when above both 1 +
+    /// min_effect and the control's upper bound; no change within ±min_effect; else within the
+    /// noise.
+    pub fn against_control(lo: f64, hi: f64, c_lo: f64, c_hi: f64, min_effect: f64) -> Verdict {
+        if Verdict::of(c_lo, c_hi, min_effect).moved() {
+            Verdict::Inconclusive
+        } else if hi < (1.0 - min_effect).min(c_lo) {
+            Verdict::Faster
+        } else if lo > (1.0 + min_effect).max(c_hi) {
+            Verdict::Slower
+        } else if lo >= 1.0 - min_effect && hi <= 1.0 + min_effect {
+            Verdict::NoChange
+        } else {
+            Verdict::WithinNoise
+        }
+    }
+}
+
 /// B/A and the control of one scenario: the ratios, their intervals and the verdicts.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Judged {
@@ -373,6 +396,35 @@ pub fn judge(
         control_ratio: c_ratio,
         control_lo: c_lo,
         control_hi: c_hi,
+        control_verdict,
+    })
+}
+
+/// Judges B/A against a control that is a second process of A (`control`, measured in the
+/// same cycles, interleaved): B/A with its bootstrap interval at `1 - alpha` ([`ratio_ci_at`]),
+/// the control's A2/A by the same estimator at the same level, and the verdict
+/// ([`Verdict::against_control`]). `None` without a measured cycle.
+pub fn judge_with_control(
+    a: &[f64],
+    b: &[f64],
+    control: &[f64],
+    resamples: u32,
+    seed: u64,
+    min_effect: f64,
+    alpha: f64,
+) -> Option<Judged> {
+    let (ratio, lo, hi) = ratio_ci_at(a, b, resamples, seed, alpha)?;
+    let (control_ratio, control_lo, control_hi) =
+        ratio_ci_at(a, control, resamples, seed ^ 0xC0, alpha)?;
+    let control_verdict = Verdict::of(control_lo, control_hi, min_effect);
+    Some(Judged {
+        ratio,
+        lo,
+        hi,
+        verdict: Verdict::against_control(lo, hi, control_lo, control_hi, min_effect),
+        control_ratio,
+        control_lo,
+        control_hi,
         control_verdict,
     })
 }
@@ -467,6 +519,26 @@ fn outcome_v1_or_v2<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Outcome, D
 /// Ratio of medians B / A with a percentile bootstrap confidence interval (95 %), resampling
 /// the interleaved pairs together; deterministic for a seed.
 pub fn ratio_ci(a: &[f64], b: &[f64], resamples: u32, seed: u64) -> Option<(f64, f64, f64)> {
+    ratio_ci_at(a, b, resamples, seed, 0.05)
+}
+
+/// The confidence level of one of `tests` intervals read together, Bonferroni corrected: each
+/// interval is taken at `1 - alpha / tests`, so that all of them hold at once with probability
+/// at least `1 - alpha` (`alpha` 0.05: 95 % family-wise).
+pub fn bonferroni(alpha: f64, tests: usize) -> f64 {
+    alpha / tests.max(1) as f64
+}
+
+/// [`ratio_ci`] at the confidence level `1 - alpha` (its percentiles `alpha / 2` and
+/// `1 - alpha / 2`, the nearest resample's; `alpha` from [`bonferroni`] where several intervals
+/// are read together: the resamples should then be many more than `2 / alpha`).
+pub fn ratio_ci_at(
+    a: &[f64],
+    b: &[f64],
+    resamples: u32,
+    seed: u64,
+    alpha: f64,
+) -> Option<(f64, f64, f64)> {
     let n = a.len().min(b.len());
     if n == 0 {
         return None;
@@ -488,8 +560,8 @@ pub fn ratio_ci(a: &[f64], b: &[f64], resamples: u32, seed: u64) -> Option<(f64,
         ratios.push(Sample::new(&rb).ok()?.median() / Sample::new(&ra).ok()?.median());
     }
     ratios.sort_by(f64::total_cmp);
-    let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
-    Some((ratio, at(0.025), at(0.975)))
+    let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize];
+    Some((ratio, at(alpha / 2.0), at(1.0 - alpha / 2.0)))
 }
 
 /// One band, side by side.
@@ -1330,5 +1402,83 @@ mod tests {
         assert!((rows[0].gap_ms_per_token + 1.0).abs() < 1e-12);
         assert_eq!(rows[1].band, "attention");
         assert_eq!(rows[2].gap_ms_per_token, 0.0);
+    }
+}
+
+#[cfg(test)]
+mod control_tests {
+    use super::*;
+
+    #[test]
+    fn bonferroni_divides_the_error_rate_among_the_intervals() {
+        assert_eq!(bonferroni(0.05, 5), 0.01);
+        assert_eq!(bonferroni(0.05, 0), 0.05);
+    }
+
+    #[test]
+    fn an_exact_ratio_has_an_interval_of_one_point_at_any_level() {
+        let a = [10.0, 11.0, 9.0, 12.0, 10.5];
+        let b: Vec<f64> = a.iter().map(|x| x * 2.0).collect();
+        for alpha in [0.05, 0.001] {
+            let (r, lo, hi) = ratio_ci_at(&a, &b, 500, 7, alpha).unwrap();
+            assert_eq!((r, lo, hi), (2.0, 2.0, 2.0));
+        }
+    }
+
+    #[test]
+    fn a_stricter_level_widens_the_interval() {
+        // scripted noise: B 1.3x A, each run off by a fixed pattern of up to ±6 %
+        let noise = [1.0, 1.06, 0.95, 1.02, 0.97, 1.04, 0.99, 0.94, 1.05, 1.01];
+        let a: Vec<f64> = noise.iter().map(|n| 10.0 * n).collect();
+        let b: Vec<f64> = noise.iter().rev().map(|n| 13.0 * n).collect();
+        let (_, lo95, hi95) = ratio_ci_at(&a, &b, 4000, 1, 0.05).unwrap();
+        let (_, lo99, hi99) = ratio_ci_at(&a, &b, 4000, 1, bonferroni(0.05, 5)).unwrap();
+        assert!(
+            lo99 <= lo95 && hi99 >= hi95,
+            "{lo99}..{hi99} vs {lo95}..{hi95}"
+        );
+        assert!(lo99 < hi99);
+    }
+
+    #[test]
+    fn a_verdict_against_a_second_process_uses_its_interval_as_the_noise() {
+        // a control 0.97..1.04 that did not move (2 % threshold): B must clear it
+        assert_eq!(
+            Verdict::against_control(1.03, 1.10, 0.97, 1.04, 0.02),
+            Verdict::WithinNoise
+        );
+        assert_eq!(
+            Verdict::against_control(1.05, 1.10, 0.97, 1.04, 0.02),
+            Verdict::Slower
+        );
+        assert_eq!(
+            Verdict::against_control(0.90, 0.96, 0.97, 1.04, 0.02),
+            Verdict::Faster
+        );
+        assert_eq!(
+            Verdict::against_control(0.99, 1.01, 0.97, 1.04, 0.02),
+            Verdict::NoChange
+        );
+        // a control that moved: nothing may be claimed
+        assert_eq!(
+            Verdict::against_control(1.5, 1.6, 1.03, 1.08, 0.02),
+            Verdict::Inconclusive
+        );
+    }
+
+    #[test]
+    fn a_second_process_that_runs_slower_is_a_control_that_moved() {
+        // scripted: A2 (the second process of A) 10 % slower than A in every cycle, B as A2
+        let noise = [1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.99];
+        let a: Vec<f64> = noise.iter().map(|n| 10.0 * n).collect();
+        let a2: Vec<f64> = noise.iter().map(|n| 11.0 * n).collect();
+        let j = judge_with_control(&a, &a2, &a2, 2000, 3, 0.02, 0.05).unwrap();
+        assert_eq!(j.control_verdict, Verdict::Slower);
+        assert_eq!(j.verdict, Verdict::Inconclusive);
+        // the same B against a control that stayed put: slower
+        let j = judge_with_control(&a, &a2, &a, 2000, 3, 0.02, 0.05).unwrap();
+        assert_eq!(j.control_verdict, Verdict::NoChange);
+        assert_eq!(j.verdict, Verdict::Slower);
+        assert!((j.ratio - 1.1).abs() < 1e-12);
     }
 }
