@@ -5,6 +5,7 @@
 
 #include "llama.h"
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -306,8 +307,15 @@ inline void json_f32(std::string & out, float v) {
         return;
     }
     char buf[32];
+#if defined(__cpp_lib_to_chars) && __cpp_lib_to_chars >= 201611L
+    // the shortest text that reads back as the same float, several times faster than printf
+    // (a chunk's every logit of a large vocabulary is tens of millions of values)
+    auto r = std::to_chars(buf, buf + sizeof buf, v);
+    out.append(buf, r.ptr);
+#else
     snprintf(buf, sizeof buf, "%.9g", (double) v);
     out += buf;
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -24,8 +24,18 @@ pub struct Sides {
     pub b: EngineInfo,
 }
 
+/// Whether an A/B runs a second process of A as its control (its bands and ledger judged over
+/// every cycle) or takes A's own runs, where it ran second against where it ran first (a
+/// ranking of candidates, an ablation: only the total's ratio is read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    Process,
+    Halves,
+}
+
 /// A and B (each knobs over `settings`) on every scenario of `cfg`, and what their engines
 /// said of themselves.
+#[allow(clippy::too_many_arguments)]
 fn compare(
     file: &ModelFile,
     bands: &Bands,
@@ -33,6 +43,7 @@ fn compare(
     a: &Knobs,
     b: &Knobs,
     cfg: &AbConfig,
+    control: Control,
     ui: &mut dyn Ui,
 ) -> Result<(Vec<ScenarioResult>, Sides)> {
     let open = |k: &Knobs| {
@@ -47,15 +58,29 @@ fn compare(
     };
     let mut ea = open(a)?;
     let mut eb = open(b)?;
-    for e in [ea.as_ref(), eb.as_ref()] {
-        require(e, &[Capability::Logits])?;
+    // the control: a second process of A's build, loaded the same way
+    let mut ec = match control {
+        Control::Process => Some(open(a)?),
+        Control::Halves => None,
+    };
+    for e in [Some(&ea), Some(&eb), ec.as_ref()].into_iter().flatten() {
+        require(e.as_ref(), &[Capability::Logits])?;
+        if cfg.outputs.is_some() {
+            require(e.as_ref(), &[Capability::Outputs])?;
+        }
         if cfg.scenarios.iter().any(|w| w.is_decode()) {
-            require(e, &[Capability::Decode])?;
+            require(e.as_ref(), &[Capability::Decode])?;
         }
     }
+    let sides = opledger_core::ab::AbSides {
+        a: ea.as_mut(),
+        b: eb.as_mut(),
+        control: ec
+            .as_mut()
+            .map(|e| e.as_mut() as &mut dyn opledger_core::engine::Engine),
+    };
     let scenarios = opledger_core::ab::run_ab(
-        ea.as_mut(),
-        eb.as_mut(),
+        sides,
         cfg,
         &bands.rules,
         &file.arch,
@@ -81,7 +106,7 @@ pub fn ab_with_ablations(
     cfg: &AbConfig,
     ui: &mut dyn Ui,
 ) -> Result<(AbReport, Sides)> {
-    let (scenarios, sides) = compare(file, bands, settings, a, b, cfg, ui)?;
+    let (scenarios, sides) = compare(file, bands, settings, a, b, cfg, Control::Process, ui)?;
     // a gain is shared out only where the confirmation found one beyond the noise
     let ratio_b = scenarios
         .first()
@@ -95,7 +120,16 @@ pub fn ab_with_ablations(
     };
     for knob in b.differences(a) {
         let reverted = b.reverted(&knob, a);
-        let (r, _) = compare(file, bands, settings, a, &reverted, &first, ui)?;
+        let (r, _) = compare(
+            file,
+            bands,
+            settings,
+            a,
+            &reverted,
+            &first,
+            Control::Halves,
+            ui,
+        )?;
         let s = &r[0];
         ablations.push(Ablation {
             reverted: knob,
@@ -148,6 +182,7 @@ pub fn discover(
             &baseline,
             c,
             search,
+            Control::Halves,
             &mut crate::ui::Silent,
         )?;
         searched_baseline.get_or_insert(sides.a);

@@ -12,6 +12,7 @@ use crate::arch::ArchInfo;
 use crate::band::{BandRules, Categoriser};
 use crate::engine::{Engine, EngineError, Mode, Work};
 use crate::noise::{Gate, GateConfig, GateStats};
+use crate::outputs::{compare_outputs, OutputGate, OutputGateConfig};
 use crate::stats::Sample;
 use crate::tokens::splitmix64;
 
@@ -568,6 +569,8 @@ pub fn ratio_ci_at(
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LedgerRow {
     pub band: String,
+    /// The band's ms/token: the median over cycles of each cycle's TIMED share x FUSED wall /
+    /// tokens (one run per side in files of version 3 and older).
     pub a_ms_per_token: f64,
     pub b_ms_per_token: f64,
     /// b - a (positive: B spends more here).
@@ -575,6 +578,33 @@ pub struct LedgerRow {
     /// b / a; NaN (stored as `null`) where A spends nothing in the band.
     #[serde(deserialize_with = "nan_when_null")]
     pub ratio: f64,
+    /// The band judged over every interleaved cycle (absent in files of version 3 and older,
+    /// which measured the bands once per side).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judged: Option<BandJudged>,
+}
+
+/// One band's B/A over the cycles of an A/B, against the control (a second process of A) in
+/// the same band, each interval at the Bonferroni-corrected level of all the bands read together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BandJudged {
+    #[serde(deserialize_with = "nan_when_null")]
+    pub ratio_lo: f64,
+    #[serde(deserialize_with = "nan_when_null")]
+    pub ratio_hi: f64,
+    #[serde(deserialize_with = "nan_when_null")]
+    pub control_ratio: f64,
+    #[serde(deserialize_with = "nan_when_null")]
+    pub control_lo: f64,
+    #[serde(deserialize_with = "nan_when_null")]
+    pub control_hi: f64,
+    pub verdict: Verdict,
+    /// The confidence level of each interval (`1 - 0.05 / bands`).
+    pub level: f64,
+    /// Each cycle's ms/token of A, B and the control, in cycle order.
+    pub a_cycles: Vec<f64>,
+    pub b_cycles: Vec<f64>,
+    pub control_cycles: Vec<f64>,
 }
 
 /// serde_json writes a NaN as `null`; read it back as NaN so a stored ledger round-trips.
@@ -593,6 +623,7 @@ pub fn ledger(bands: &[String], a: &[f64], b: &[f64]) -> Vec<LedgerRow> {
             b_ms_per_token: y,
             gap_ms_per_token: y - x,
             ratio: if x > 0.0 { y / x } else { f64::NAN },
+            judged: None,
         })
         .collect();
     rows.sort_by(|p, q| {
@@ -615,6 +646,10 @@ pub struct AbConfig {
     pub min_effect: f64,
     pub resamples: u32,
     pub seed: u64,
+    /// The output gate (absent in files of version 3 and older, gated by `tolerance` on one
+    /// row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<OutputGateConfig>,
 }
 
 /// One scenario's result.
@@ -636,30 +671,41 @@ pub struct ScenarioResult {
     pub control_hi: f64,
     pub control_verdict: Verdict,
     pub correctness: Correctness,
-    /// Band ms/token of each side (TIMED share x median FUSED / tokens), sorted by gap.
+    /// Band ms/token of each side, sorted by gap: with a control process, judged over every
+    /// cycle ([`BandJudged`]); in files of version 3 and older, from one TIMED run per side.
     pub ledger: Vec<LedgerRow>,
     pub gate: GateStats,
+    /// The control's FUSED walls, a second process of A run in the same cycles (empty where
+    /// the control is A's runs where it ran second against those where it ran first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub control_ms: Vec<f64>,
+    /// The output gate over every position of the chunk and greedy steps after it (absent
+    /// where the gate compared one row under `tolerance`: files of version 3 and older).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<OutputGate>,
+    /// The two graphs matched node by node, and per matched op B/A over the cycles against the
+    /// control (with a control process only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op_diff: Option<crate::opdiff::OpDiff>,
 }
 
-fn band_ms(
-    engine: &mut dyn Engine,
+/// Each band's ms/token of one run: the band's share of the TIMED node times x the FUSED wall
+/// `fused_ms` / tokens, in the order of `rules.bands`.
+pub fn band_ms(
     rules: &BandRules,
-    arch: &ArchInfo,
-    graph: &[crate::node::NodeInfo],
+    categorised: &[crate::band::Assignment],
+    node_us: &[f64],
     fused_ms: f64,
     tokens: u32,
-) -> Result<Vec<f64>, EngineError> {
-    let t = engine.run(Mode::Timed)?;
-    let a = Categoriser::new(rules, arch).categorise(graph);
-    let total: f64 = t.node_us.iter().sum();
-    Ok(rules
+) -> Vec<f64> {
+    let total: f64 = node_us.iter().sum();
+    rules
         .bands
         .iter()
         .map(|b| {
-            let us: f64 = t
-                .node_us
+            let us: f64 = node_us
                 .iter()
-                .zip(&a)
+                .zip(categorised)
                 .filter(|(_, x)| x.band == b.name)
                 .map(|(u, _)| u)
                 .sum();
@@ -669,89 +715,201 @@ fn band_ms(
                 0.0
             }
         })
-        .collect())
+        .collect()
 }
 
-/// Runs every scenario on both engines, interleaved; `progress(done, total, what)`.
-pub fn run_ab(
+/// The engines of an A/B: A, B and, where the A/B has one, the control, a second process of A
+/// (the same build, loaded the same way) measured in the same cycles.
+pub struct AbSides<'e> {
+    pub a: &'e mut dyn Engine,
+    pub b: &'e mut dyn Engine,
+    pub control: Option<&'e mut dyn Engine>,
+}
+
+/// The order of the sides (0 A, 1 B, 2 the control) in cycle `p`: A and B alternate; with a
+/// control, the six orders of three in turn (each side first, second and third equally often
+/// over six cycles, and each pair of sides in both orders).
+pub fn cycle_order(p: u32, with_control: bool) -> Vec<usize> {
+    if with_control {
+        const ORDERS: [[usize; 3]; 6] = [
+            [0, 1, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [0, 2, 1],
+            [2, 1, 0],
+            [1, 0, 2],
+        ];
+        ORDERS[p as usize % 6].to_vec()
+    } else if p.is_multiple_of(2) {
+        vec![0, 1]
+    } else {
+        vec![1, 0]
+    }
+}
+
+/// One scenario's runs, side by side: FUSED walls and, with a control, TIMED node times per
+/// cycle.
+#[derive(Debug, Default, Clone)]
+pub struct CycleRuns {
+    /// FUSED wall ms per side (A, B, control) in cycle order.
+    pub wall_ms: [Vec<f64>; 3],
+    /// TIMED µs per node per side, one per cycle (with a control only).
+    pub node_us: [Vec<Vec<f64>>; 3],
+}
+
+/// The scenario's label in progress lines.
+fn scenario_label(work: &Work) -> String {
+    if work.is_decode() {
+        format!(
+            "decode {}x{} at {}",
+            work.decode_tokens, work.parallel, work.depth_tokens
+        )
+    } else {
+        format!("prefill {} at {}", work.chunk_tokens, work.depth_tokens)
+    }
+}
+
+/// The output gate of one scenario: every position of its chunk and greedy steps on both sides
+/// (`cfg.outputs`), or, in a configuration without one, the last row of a FUSED run under
+/// `cfg.tolerance`. Leaves both engines to be prepared again.
+fn gate_outputs(
     a: &mut dyn Engine,
     b: &mut dyn Engine,
+    work: &Work,
+    cfg: &AbConfig,
+) -> Result<(Correctness, Option<OutputGate>), EngineError> {
+    match &cfg.outputs {
+        Some(o) => {
+            let (gate, correctness) =
+                compare_outputs(a.output_reader()?, b.output_reader()?, work, o)?;
+            Ok((correctness, Some(gate)))
+        }
+        None => {
+            a.prepare(work)?;
+            b.prepare(work)?;
+            a.run(Mode::Fused)?;
+            let logits_a = a.logits()?;
+            b.run(Mode::Fused)?;
+            let logits_b = b.logits()?;
+            Ok((compare_logits(&logits_a, &logits_b, &cfg.tolerance), None))
+        }
+    }
+}
+
+/// Runs every scenario on both engines (and the control, where there is one), interleaved;
+/// `progress(done, total, what)`. Per scenario: the output gate, then `cfg.pairs` cycles, each
+/// a FUSED run of every side and, with a control, a TIMED run of every side, in the cycle's
+/// order ([`cycle_order`]), every run under the noise gate. B/A is judged against the control
+/// (with a control process: [`judge_with_control`]; without: A's halves, [`judge`]); with a
+/// control every band is judged over the cycles too, at the Bonferroni-corrected level of all
+/// the bands.
+pub fn run_ab(
+    sides: AbSides,
     cfg: &AbConfig,
     rules: &BandRules,
     arch: &ArchInfo,
     progress: &mut dyn FnMut(u32, u32, &str),
 ) -> Result<Vec<ScenarioResult>, EngineError> {
+    let AbSides { a, b, mut control } = sides;
     let mut out = Vec::new();
     let total = cfg.scenarios.len() as u32 * cfg.pairs;
     for (si, work) in cfg.scenarios.iter().enumerate() {
-        let label = if work.is_decode() {
-            format!(
-                "decode {}x{} at {}",
-                work.decode_tokens, work.parallel, work.depth_tokens
-            )
-        } else {
-            format!("prefill {} at {}", work.chunk_tokens, work.depth_tokens)
-        };
+        let label = scenario_label(work);
+        progress(
+            si as u32 * cfg.pairs,
+            total,
+            &format!("{label}: output gate"),
+        );
+        let (correctness, outputs) = gate_outputs(&mut *a, &mut *b, work, cfg)?;
         a.prepare(work)?;
         b.prepare(work)?;
         let graph_a = a.graph()?;
         let graph_b = b.graph()?;
-        // warm-up, and the outputs of the correctness gate
-        a.run(Mode::Fused)?;
-        let logits_a = a.logits()?;
-        b.run(Mode::Fused)?;
-        let logits_b = b.logits()?;
-        let correctness = compare_logits(&logits_a, &logits_b, &cfg.tolerance);
-        // the canary on the larger of the two engines' thread counts
-        let mut gate = Gate::new(&cfg.gate, a.info().threads.max(b.info().threads));
-        let (mut a_ms, mut b_ms) = (Vec::new(), Vec::new());
+        if let Some(c) = control.as_deref_mut() {
+            c.prepare(work)?;
+            let graph_c = c.graph()?;
+            let ops =
+                |g: &[crate::node::NodeInfo]| g.iter().map(|n| n.op.clone()).collect::<Vec<_>>();
+            if ops(&graph_c) != ops(&graph_a) {
+                return Err(EngineError::Failed(format!(
+                    "the control (a second process of A) computed another graph than A: {} nodes against {}",
+                    graph_c.len(),
+                    graph_a.len()
+                )));
+            }
+        }
+        // (the output gate's runs and the graph's capture were the warm-up)
+        // the canary on the largest of the engines' thread counts
+        let threads = a.info().threads.max(b.info().threads);
+        let mut gate = Gate::new(&cfg.gate, threads);
+        let with_control = control.is_some();
+        let mut runs = CycleRuns::default();
         for p in 0..cfg.pairs {
             progress(si as u32 * cfg.pairs + p, total, &label);
-            let order: [bool; 2] = if p % 2 == 0 {
-                [true, false]
+            let order = cycle_order(p, with_control);
+            let modes: &[Mode] = if with_control {
+                &[Mode::Fused, Mode::Timed]
             } else {
-                [false, true]
+                &[Mode::Fused]
             };
-            for is_a in order {
-                let engine: &mut dyn Engine = if is_a { &mut *a } else { &mut *b };
-                let (r, _) = gate.run(|| engine.run(Mode::Fused))?;
-                if is_a {
-                    a_ms.push(r.wall_ms);
-                } else {
-                    b_ms.push(r.wall_ms);
+            for &mode in modes {
+                for &side in &order {
+                    let engine: &mut dyn Engine = match side {
+                        0 => &mut *a,
+                        1 => &mut *b,
+                        _ => control.as_deref_mut().expect("a control side"),
+                    };
+                    let (r, _) = gate.run(|| engine.run(mode))?;
+                    if mode == Mode::Fused {
+                        runs.wall_ms[side].push(r.wall_ms);
+                    } else {
+                        runs.node_us[side].push(r.node_us);
+                    }
                 }
             }
         }
         let seed = cfg.seed ^ si as u64;
-        let j = judge(&a_ms, &b_ms, cfg.resamples, seed, cfg.min_effect)
-            .ok_or_else(|| EngineError::Failed("no measured pair".into()))?;
-        let med = |v: &[f64]| Sample::new(v).map(|s| s.median()).unwrap_or(0.0);
-        let tokens = work.tokens_per_run();
-        let bands_a = band_ms(a, rules, arch, &graph_a, med(&a_ms), tokens)?;
-        let bands_b = band_ms(b, rules, arch, &graph_b, med(&b_ms), tokens)?;
-        // the bands either graph holds (a generic rule set names more)
-        let cat = Categoriser::new(rules, arch);
-        let (in_a, in_b) = (cat.categorise(&graph_a), cat.categorise(&graph_b));
-        let keep: Vec<bool> = rules
-            .bands
-            .iter()
-            .map(|x| in_a.iter().chain(&in_b).any(|y| y.band == x.name))
-            .collect();
-        let pick = |v: &[f64]| -> Vec<f64> {
-            v.iter()
-                .zip(&keep)
-                .filter(|(_, k)| **k)
-                .map(|(x, _)| *x)
-                .collect()
+        let [a_ms, b_ms, control_ms] = &runs.wall_ms;
+        let j = if with_control {
+            judge_with_control(
+                a_ms,
+                b_ms,
+                control_ms,
+                cfg.resamples,
+                seed,
+                cfg.min_effect,
+                0.05,
+            )
+        } else {
+            judge(a_ms, b_ms, cfg.resamples, seed, cfg.min_effect)
+        }
+        .ok_or_else(|| EngineError::Failed("no measured pair".into()))?;
+        let (ledger, op_diff) = if with_control {
+            let ledger = band_ledger(rules, arch, &graph_a, &graph_b, &runs, work, cfg, seed)?;
+            let times = crate::opdiff::CycleTimes {
+                a: &runs.node_us[0],
+                b: &runs.node_us[1],
+                control: &runs.node_us[2],
+                a_wall_ms: &runs.wall_ms[0],
+                b_wall_ms: &runs.wall_ms[1],
+                control_wall_ms: &runs.wall_ms[2],
+                tokens: work.tokens_per_run(),
+            };
+            let diff = crate::opdiff::op_diff(
+                &graph_a,
+                &graph_b,
+                &times,
+                &crate::opdiff::OpDiffConfig {
+                    resamples: OP_DIFF_RESAMPLES,
+                    seed: seed ^ 0x0D1F,
+                    min_effect: cfg.min_effect,
+                    alpha: 0.05,
+                },
+            );
+            (ledger, Some(diff))
+        } else {
+            (Vec::new(), None)
         };
-        let names: Vec<String> = rules
-            .bands
-            .iter()
-            .zip(&keep)
-            .filter(|(_, k)| **k)
-            .map(|(x, _)| x.name.clone())
-            .collect();
-        let (bands_a, bands_b) = (pick(&bands_a), pick(&bands_b));
         out.push(ScenarioResult {
             work: work.clone(),
             ratio: j.ratio,
@@ -763,21 +921,125 @@ pub fn run_ab(
             control_hi: j.control_hi,
             control_verdict: j.control_verdict,
             correctness,
-            ledger: ledger(&names, &bands_a, &bands_b),
+            ledger,
             gate: gate.stats,
-            a_ms,
-            b_ms,
+            a_ms: a_ms.clone(),
+            b_ms: b_ms.clone(),
+            control_ms: control_ms.clone(),
+            outputs,
+            op_diff,
         });
     }
     progress(total, total, "done");
     Ok(out)
 }
 
+/// Bootstrap resamples of each op group's interval in the op diff: its intervals are read
+/// together (Bonferroni over the groups, often a hundred or more), so their percentiles lie far
+/// out in the tails.
+pub const OP_DIFF_RESAMPLES: u32 = 20_000;
+
+/// The band ledger of one scenario from every cycle: each band's ms/token per cycle and side
+/// ([`band_ms`] of that cycle's TIMED run and FUSED wall), B/A against the control per band at
+/// the Bonferroni-corrected level of the bands either graph holds, sorted by gap.
+#[allow(clippy::too_many_arguments)]
+fn band_ledger(
+    rules: &BandRules,
+    arch: &ArchInfo,
+    graph_a: &[crate::node::NodeInfo],
+    graph_b: &[crate::node::NodeInfo],
+    runs: &CycleRuns,
+    work: &Work,
+    cfg: &AbConfig,
+    seed: u64,
+) -> Result<Vec<LedgerRow>, EngineError> {
+    let cat = Categoriser::new(rules, arch);
+    let (in_a, in_b) = (cat.categorise(graph_a), cat.categorise(graph_b));
+    let tokens = work.tokens_per_run();
+    // per side, per cycle, per band (the control computes A's graph)
+    let per_cycle = |side: usize, cats: &[crate::band::Assignment]| -> Vec<Vec<f64>> {
+        runs.node_us[side]
+            .iter()
+            .zip(&runs.wall_ms[side])
+            .map(|(us, &wall)| band_ms(rules, cats, us, wall, tokens))
+            .collect()
+    };
+    let cycles = [
+        per_cycle(0, &in_a),
+        per_cycle(1, &in_b),
+        per_cycle(2, &in_a),
+    ];
+    let kept: Vec<usize> = (0..rules.bands.len())
+        .filter(|&i| {
+            in_a.iter()
+                .chain(&in_b)
+                .any(|y| y.band == rules.bands[i].name)
+        })
+        .collect();
+    let alpha = bonferroni(0.05, kept.len());
+    let resamples = cfg.resamples.max((40.0 / alpha).ceil() as u32);
+    let med = |v: &[f64]| Sample::new(v).map(|s| s.median()).unwrap_or(0.0);
+    let mut rows = Vec::new();
+    for (k, &i) in kept.iter().enumerate() {
+        let series = |side: usize| -> Vec<f64> { cycles[side].iter().map(|c| c[i]).collect() };
+        let (sa, sb, sc) = (series(0), series(1), series(2));
+        let (x, y) = (med(&sa), med(&sb));
+        let band_seed = seed ^ ((k as u64 + 1) << 20);
+        let judged = if x > 0.0 && med(&sc) > 0.0 {
+            judge_with_control(&sa, &sb, &sc, resamples, band_seed, cfg.min_effect, alpha).map(
+                |j| BandJudged {
+                    ratio_lo: j.lo,
+                    ratio_hi: j.hi,
+                    control_ratio: j.control_ratio,
+                    control_lo: j.control_lo,
+                    control_hi: j.control_hi,
+                    verdict: j.verdict,
+                    level: 1.0 - alpha,
+                    a_cycles: sa.clone(),
+                    b_cycles: sb.clone(),
+                    control_cycles: sc.clone(),
+                },
+            )
+        } else {
+            // a band A spends nothing in: no ratio to judge
+            Some(BandJudged {
+                ratio_lo: f64::NAN,
+                ratio_hi: f64::NAN,
+                control_ratio: f64::NAN,
+                control_lo: f64::NAN,
+                control_hi: f64::NAN,
+                verdict: Verdict::WithinNoise,
+                level: 1.0 - alpha,
+                a_cycles: sa.clone(),
+                b_cycles: sb.clone(),
+                control_cycles: sc.clone(),
+            })
+        };
+        rows.push(LedgerRow {
+            band: rules.bands[i].name.clone(),
+            a_ms_per_token: x,
+            b_ms_per_token: y,
+            gap_ms_per_token: y - x,
+            ratio: if x > 0.0 { y / x } else { f64::NAN },
+            judged,
+        });
+    }
+    rows.sort_by(|p, q| {
+        q.gap_ms_per_token
+            .abs()
+            .total_cmp(&p.gap_ms_per_token.abs())
+    });
+    Ok(rows)
+}
+
 /// Version of `ab.json`; bumped on any incompatible change. 2: the overall verdict is a name
 /// ([`Outcome`]) and a scenario whose control moved is `inconclusive`. 3: a control moved only
 /// when its whole interval lies beyond the threshold; one that did not move sets the smallest
-/// effect a verdict may claim ([`Verdict::of_scenario`]).
-pub const AB_SCHEMA_VERSION: u32 = 3;
+/// effect a verdict may claim ([`Verdict::of_scenario`]). 4: a control process (a second
+/// process of A, `control_ms`) judged with [`Verdict::against_control`], the bands judged over
+/// every cycle ([`BandJudged`]), the output gate over every position ([`OutputGate`]); files of
+/// version 3 read as they were.
+pub const AB_SCHEMA_VERSION: u32 = 4;
 
 /// One A/B with its ablations: the `ab.json` of an `ab` run folder.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -803,7 +1065,7 @@ impl AbReport {
     /// the overall verdict follows from them (an ablation stores no control: its verdict stays
     /// as written).
     pub fn upgrade(&mut self) {
-        if self.schema_version < AB_SCHEMA_VERSION {
+        if self.schema_version < 3 {
             let min_effect = self.config.min_effect;
             for s in &mut self.scenarios {
                 s.control_verdict = Verdict::of(s.control_lo, s.control_hi, min_effect);
@@ -816,8 +1078,8 @@ impl AbReport {
                 );
             }
             self.verdict = Outcome::of(&self.scenarios);
-            self.schema_version = AB_SCHEMA_VERSION;
         }
+        self.schema_version = self.schema_version.max(AB_SCHEMA_VERSION);
     }
 }
 
@@ -1113,6 +1375,9 @@ mod tests {
             },
             ledger: Vec::new(),
             gate: GateStats::default(),
+            control_ms: Vec::new(),
+            outputs: None,
+            op_diff: None,
         }
     }
 
@@ -1174,10 +1439,16 @@ mod tests {
             min_effect: 0.02,
             resamples: 200,
             seed: 1,
+            outputs: None,
         };
         let rules = BandRules::builtin("qwen35moe").unwrap();
         let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
-        let r = run_ab(&mut a, &mut b, &cfg, &rules, &arch, &mut |_, _, _| {}).unwrap();
+        let sides = AbSides {
+            a: &mut a,
+            b: &mut b,
+            control: None,
+        };
+        let r = run_ab(sides, &cfg, &rules, &arch, &mut |_, _, _| {}).unwrap();
         let s = &r[0];
         assert_eq!(
             s.a_ms.iter().step_by(2).copied().collect::<Vec<_>>(),
@@ -1209,6 +1480,7 @@ mod tests {
                 min_effect: 0.02,
                 resamples: 10,
                 seed: 0,
+                outputs: None,
             },
             scenarios: vec![ScenarioResult {
                 ratio_lo: 0.5,
@@ -1480,5 +1752,165 @@ mod control_tests {
         assert_eq!(j.control_verdict, Verdict::NoChange);
         assert_eq!(j.verdict, Verdict::Slower);
         assert!((j.ratio - 1.1).abs() < 1e-12);
+    }
+}
+
+#[cfg(test)]
+mod process_control_tests {
+    use super::*;
+    use crate::arch::tests::qwen35moe_md;
+    use crate::mock::MockEngine;
+
+    fn arch() -> ArchInfo {
+        ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap()
+    }
+
+    /// A mock of the qwen35moe graph with exact shares (no isolation cost) and scripted noise
+    /// of up to ±4 % per run, starting at `phase` in the pattern.
+    fn side(phase: usize) -> MockEngine {
+        let mut e = MockEngine::for_arch(&arch());
+        e.isolation_us = 0.0;
+        e.logits = vec![0.25, 1.5, -0.5, 0.75, 0.1, 1.2];
+        // seven values: a side's FUSED runs (every other run) go through all of them twice
+        // in 14 cycles, whatever the phase
+        let noise = [1.0, 1.04, 0.97, 1.02, 0.99, 1.03, 0.96];
+        e.noise = (0..noise.len())
+            .map(|i| noise[(i + phase) % noise.len()])
+            .collect();
+        e
+    }
+
+    fn config(pairs: u32) -> AbConfig {
+        AbConfig {
+            scenarios: vec![Work::prefill(16, 0)],
+            pairs,
+            gate: GateConfig {
+                enabled: false,
+                ..GateConfig::default()
+            },
+            tolerance: Tolerance::default(),
+            min_effect: 0.02,
+            resamples: 2000,
+            seed: 5,
+            outputs: Some(OutputGateConfig {
+                steps: 3,
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn run(
+        a: &mut MockEngine,
+        b: &mut MockEngine,
+        c: &mut MockEngine,
+        pairs: u32,
+    ) -> ScenarioResult {
+        let rules = BandRules::builtin("qwen35moe").unwrap();
+        let sides = AbSides {
+            a,
+            b,
+            control: Some(c),
+        };
+        let mut r = run_ab(sides, &config(pairs), &rules, &arch(), &mut |_, _, _| {}).unwrap();
+        r.remove(0)
+    }
+
+    #[test]
+    fn the_orders_of_a_cycle_balance_every_side_over_every_position() {
+        for with_control in [false, true] {
+            let n = if with_control { 3 } else { 2 };
+            let period = if with_control { 6 } else { 2 };
+            let mut at = vec![vec![0; n]; n];
+            for p in 0..period {
+                let o = cycle_order(p, with_control);
+                assert_eq!(o.len(), n);
+                for (pos, side) in o.iter().enumerate() {
+                    at[*side][pos] += 1;
+                }
+            }
+            // each side once in each position per half period (2) or per two in six (3)
+            for row in &at {
+                assert!(row.iter().all(|&k| k == period as usize / n), "{at:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_band_made_three_times_slower_is_the_one_band_called_slower() {
+        let mut a = side(0);
+        let mut c = side(3);
+        let mut b = side(5);
+        // B: every attention core three times as costly
+        for (n, cost) in b.graph.clone().iter().zip(b.cost_us.iter_mut()) {
+            if n.op == "FLASH_ATTN_EXT" {
+                *cost *= 3.0;
+            }
+        }
+        let s = run(&mut a, &mut b, &mut c, 14);
+        assert_eq!(s.control_ms.len(), 14);
+        assert_eq!(s.a_ms.len(), 14);
+        // the control saw the same walls in another order: its point is 1, its interval the
+        // noise's width, and it did not move
+        assert!((s.control_ratio - 1.0).abs() < 1e-12, "{}", s.control_ratio);
+        assert!(!s.control_verdict.moved(), "{:?}", s.control_verdict);
+        assert!(s.correctness.passed && s.outputs.as_ref().unwrap().bit_identical);
+        let bands: Vec<(&str, Verdict)> = s
+            .ledger
+            .iter()
+            .map(|r| (r.band.as_str(), r.judged.as_ref().unwrap().verdict))
+            .collect();
+        // the largest gap first: attention
+        assert_eq!(bands[0], ("attention", Verdict::Slower), "{bands:?}");
+        for (band, v) in &bands[1..] {
+            assert!(!v.moved(), "{band}: {v:?}");
+        }
+        let att = &s.ledger[0];
+        let j = att.judged.as_ref().unwrap();
+        // every cycle measured on every side, at the corrected level of the bands read
+        assert_eq!(j.a_cycles.len(), 14);
+        assert!((j.level - (1.0 - 0.05 / s.ledger.len() as f64)).abs() < 1e-12);
+        // attention's cost: 20 µs an attention layer in A, 60 in B; the wall ratio brings in
+        // the noise
+        assert!(j.ratio_lo > 2.5 && j.ratio_hi < 3.5, "{j:?}");
+        let layers = a.graph.iter().filter(|n| n.op == "FLASH_ATTN_EXT").count() as f64;
+        assert!(layers >= 1.0);
+        // ms per run within the noise (±4 %) of 20 µs a layer, a fused factor of 1
+        let per_run_ms = att.a_ms_per_token * 16.0;
+        assert!(
+            (per_run_ms / (layers * 0.020) - 1.0).abs() < 0.05,
+            "{per_run_ms}"
+        );
+    }
+
+    #[test]
+    fn a_second_process_of_a_that_runs_slower_makes_every_verdict_inconclusive() {
+        let mut a = side(0);
+        let mut b = side(5);
+        let mut c = side(3);
+        // the control: the same build in another process, 10 % slower
+        c.fused_factor = 1.1;
+        b.fused_factor = 0.8;
+        let s = run(&mut a, &mut b, &mut c, 14);
+        assert_eq!(s.control_verdict, Verdict::Slower);
+        assert_eq!(s.verdict, Verdict::Inconclusive);
+        assert!(s
+            .ledger
+            .iter()
+            .all(|r| r.judged.as_ref().unwrap().verdict == Verdict::Inconclusive));
+    }
+
+    #[test]
+    fn a_b_that_computes_other_outputs_is_refused_by_the_gate() {
+        let mut a = side(0);
+        let mut c = side(3);
+        let mut b = side(5);
+        b.logits = a.logits.iter().map(|x| x * 1.5).collect();
+        let s = run(&mut a, &mut b, &mut c, 4);
+        let g = s.outputs.as_ref().unwrap();
+        assert!(!s.correctness.passed && !g.passed);
+        // every row scaled by 1.5: NMSE 0.25 each, 16 positions and 3 steps
+        assert_eq!((g.positions, g.steps, g.over_bound), (16, 3, 19));
+        assert!((g.max_nmse - 0.25).abs() < 1e-6);
+        assert_eq!(Outcome::of(std::slice::from_ref(&s)), Outcome::Refused);
     }
 }

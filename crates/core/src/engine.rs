@@ -202,6 +202,8 @@ pub enum Capability {
     OpTiming,
     /// Describing the graph without running the model ([`GraphCapturer`]).
     GraphCapture,
+    /// Every position's logits of a chunk and greedy steps after it ([`OutputReader`]).
+    Outputs,
 }
 
 impl Capability {
@@ -213,6 +215,7 @@ impl Capability {
             Capability::Replay => "in-graph replay",
             Capability::OpTiming => "timing ops alone",
             Capability::GraphCapture => "capturing the graph without running it",
+            Capability::Outputs => "reading every position's logits and greedy steps",
         }
     }
 }
@@ -325,6 +328,30 @@ pub trait Engine {
     fn as_graph_capturer(&mut self) -> Option<&mut dyn GraphCapturer> {
         None
     }
+
+    /// The engine as an [`OutputReader`], if it is one.
+    fn as_output_reader(&mut self) -> Option<&mut dyn OutputReader> {
+        None
+    }
+}
+
+/// Reading a chunk's outputs in full, untimed, for an A/B's output gate
+/// (`crate::outputs`): every position's logits of the chunk, then greedy decode steps after it
+/// on tokens the caller chooses. It replaces the prepared state: call [`Engine::prepare`] again
+/// before timing.
+pub trait OutputReader {
+    /// Fills the context to `work.depth_tokens`, with room for `steps` more tokens after the
+    /// chunk, and decodes the chunk of `work` (its prefill chunk, also for a decode scenario)
+    /// untimed with every position's logits. Returns the positions (rows) it holds.
+    fn decode_outputs(&mut self, work: &Work, steps: u32) -> Result<u32, EngineError>;
+
+    /// Rows `first .. first + count` of the last [`OutputReader::decode_outputs`] (read before
+    /// any [`OutputReader::greedy_step`]).
+    fn output_rows(&mut self, first: u32, count: u32) -> Result<Vec<Vec<f32>>, EngineError>;
+
+    /// Decodes `token` at the next position (after the chunk and the steps before it) and
+    /// returns its logits.
+    fn greedy_step(&mut self, token: u32) -> Result<Vec<f32>, EngineError>;
 }
 
 /// The refusal of an engine that lacks a capability, naming both.
@@ -382,6 +409,13 @@ impl<'a> dyn Engine + 'a {
     pub fn graph_capturer(&mut self) -> Result<&mut dyn GraphCapturer, EngineError> {
         let refusal = refused(&*self, Capability::GraphCapture);
         self.as_graph_capturer().ok_or(refusal)
+    }
+
+    /// The engine's output reading (every position's logits, greedy steps), or its refusal by
+    /// name.
+    pub fn output_reader(&mut self) -> Result<&mut dyn OutputReader, EngineError> {
+        let refusal = refused(&*self, Capability::Outputs);
+        self.as_output_reader().ok_or(refusal)
     }
 }
 

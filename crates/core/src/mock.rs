@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::engine::{
     Capability, ChunkTiming, Engine, EngineError, EngineInfo, GraphCapture, GraphCapturer, Mode,
-    OpTime, OpTimeRequest, OpTimer, ReplayEngine, SweepEngine, Work,
+    OpTime, OpTimeRequest, OpTimer, OutputReader, ReplayEngine, SweepEngine, Work,
 };
 use crate::node::{is_view_op, layer_of, NodeInfo, TensorDesc};
 
@@ -39,6 +39,8 @@ pub struct MockEngine {
     prepared: Option<Work>,
     /// A sweep's work and each mode's next chunk (FUSED, TIMED).
     sweep: Option<(Work, [u32; 2])>,
+    /// The output reader's chunk positions and next greedy step.
+    outputs: Option<(u32, u32)>,
 }
 
 impl MockEngine {
@@ -220,6 +222,7 @@ impl MockEngine {
             runs: 0,
             prepared: None,
             sweep: None,
+            outputs: None,
         }
     }
 
@@ -332,6 +335,7 @@ impl Engine for MockEngine {
                 | Capability::Replay
                 | Capability::OpTiming
                 | Capability::GraphCapture
+                | Capability::Outputs
         )
     }
 
@@ -349,6 +353,56 @@ impl Engine for MockEngine {
 
     fn as_graph_capturer(&mut self) -> Option<&mut dyn GraphCapturer> {
         Some(self)
+    }
+
+    fn as_output_reader(&mut self) -> Option<&mut dyn OutputReader> {
+        Some(self)
+    }
+}
+
+/// Every position's row is [`MockEngine::logits`] rotated left by the position; greedy step
+/// `s` fed token `t` returns them rotated by `t + s`.
+impl OutputReader for MockEngine {
+    fn decode_outputs(&mut self, work: &Work, _steps: u32) -> Result<u32, EngineError> {
+        self.prepared = None;
+        self.outputs = Some((work.chunk_tokens, 0));
+        Ok(work.chunk_tokens)
+    }
+
+    fn output_rows(&mut self, first: u32, count: u32) -> Result<Vec<Vec<f32>>, EngineError> {
+        let Some((positions, _)) = self.outputs else {
+            return Err(EngineError::Failed(
+                "output_rows() before decode_outputs()".into(),
+            ));
+        };
+        if first.saturating_add(count) > positions {
+            return Err(EngineError::Failed(format!(
+                "rows {first}..{} of a chunk of {positions}",
+                first.saturating_add(count)
+            )));
+        }
+        Ok((first..first + count).map(|p| self.rotated(p)).collect())
+    }
+
+    fn greedy_step(&mut self, token: u32) -> Result<Vec<f32>, EngineError> {
+        let Some((positions, step)) = self.outputs else {
+            return Err(EngineError::Failed(
+                "greedy_step() before decode_outputs()".into(),
+            ));
+        };
+        self.outputs = Some((positions, step + 1));
+        Ok(self.rotated(token.wrapping_add(step)))
+    }
+}
+
+impl MockEngine {
+    fn rotated(&self, by: u32) -> Vec<f32> {
+        let mut r = self.logits.clone();
+        if !r.is_empty() {
+            let n = r.len();
+            r.rotate_left(by as usize % n);
+        }
+        r
     }
 }
 

@@ -1,7 +1,7 @@
 //! Renderers of an A/B comparison (`ab.json`): the terminal table of scenarios, the band ledger
 //! of where the difference lives and the ablations.
 
-use opledger_core::ab::{AbReport, DiscoverReport, Verdict};
+use opledger_core::ab::{AbReport, DiscoverReport, LedgerRow, ScenarioResult, Verdict};
 use opledger_core::engine::Work;
 use opledger_core::noise::GateStats;
 use opledger_core::profile::{noise_check, Check, CheckStatus};
@@ -29,15 +29,112 @@ pub fn scenario_label(w: &Work) -> String {
     }
 }
 
+/// The control's name: a second process of A (`A2 vs A`), or A's own runs where it ran second
+/// against where it ran first (files of version 3 and older, ablations and searches).
+pub fn control_name(s: &ScenarioResult) -> &'static str {
+    if s.control_ms.is_empty() {
+        "A 2nd vs A 1st"
+    } else {
+        "A2 vs A"
+    }
+}
+
+/// The output column of a scenario: the gate over every position and the greedy steps where it
+/// ran, else the one-row comparison of older files.
+pub fn output_words(s: &ScenarioResult) -> String {
+    let c = &s.correctness;
+    match &s.outputs {
+        Some(g) if g.passed && g.bit_identical => format!(
+            "same, bit-identical ({} positions, {} steps)",
+            g.positions, g.steps
+        ),
+        Some(g) if g.passed => format!(
+            "same (NMSE max {:.1e} at {}, mean {:.1e}; top-1 {}/{}{}{})",
+            g.max_nmse,
+            g.max_nmse_at.map(|a| a.to_string()).unwrap_or_default(),
+            g.mean_nmse,
+            g.same_top1,
+            g.positions + g.steps,
+            if g.near_ties > 0 {
+                format!(", {} near ties", g.near_ties)
+            } else {
+                String::new()
+            },
+            match g.first_divergent_token {
+                Some(t) => format!(", greedy diverges at token {t}"),
+                None => String::new(),
+            }
+        ),
+        Some(g) => format!("CHANGED: {}", g.refusal().unwrap_or_default()),
+        None if c.passed => format!(
+            "same (top-1 {}/{}, rel {:.1e})",
+            c.same_top1, c.rows, c.max_rel_error
+        ),
+        None => format!(
+            "CHANGED (top-1 {}/{}, rel {:.1e}, cos {:.5})",
+            c.same_top1, c.rows, c.max_rel_error, c.min_cosine
+        ),
+    }
+}
+
+/// A ledger row's B/A interval, control and verdict, where the band was judged over the
+/// cycles: `[2.769–2.941] · A2/A 0.956 [0.941–0.971] · slower`.
+pub fn band_judgement(l: &LedgerRow) -> (String, String, String) {
+    match &l.judged {
+        Some(j) if j.ratio_lo.is_finite() => (
+            format!("[{:.3}–{:.3}]", j.ratio_lo, j.ratio_hi),
+            format!(
+                "{:.3} [{:.3}–{:.3}]",
+                j.control_ratio, j.control_lo, j.control_hi
+            ),
+            verdict_name(j.verdict).to_string(),
+        ),
+        Some(_) => ("–".into(), "–".into(), "A spends nothing here".into()),
+        None => ("one run".into(), "–".into(), "–".into()),
+    }
+}
+
+/// llama-bench's name of a scenario: `pp512`, `pp512 @ d4096`, `tg16`, `tg16 x4 @ d4096`.
+pub fn bench_test_name(w: &Work) -> String {
+    let base = if w.is_decode() {
+        if w.parallel > 1 {
+            format!("tg{} x{}", w.decode_tokens, w.parallel)
+        } else {
+            format!("tg{}", w.decode_tokens)
+        }
+    } else {
+        format!("pp{}", w.chunk_tokens)
+    };
+    if w.depth_tokens > 0 {
+        format!("{base} @ d{}", w.depth_tokens)
+    } else {
+        base
+    }
+}
+
+/// Op groups (and added, removed, changed nodes) shown per scenario in text and markdown.
+pub const OP_ROWS: usize = 12;
+
 /// The terminal rendering of an A/B.
 pub fn ab_text(r: &AbReport) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(out, "A (baseline): {}\nB (candidate): {}\n", r.a, r.b);
+    let control = r
+        .scenarios
+        .first()
+        .map(control_name)
+        .unwrap_or("A 2nd vs A 1st");
     let _ = writeln!(
         out,
         "{:<22} {:>10} {:>10} {:>7} {:>17} {:<13} {:>28} output",
-        "scenario", "A ms", "B ms", "B/A", "95 % interval", "verdict", "control: A 2nd vs A 1st",
+        "scenario",
+        "A ms",
+        "B ms",
+        "B/A",
+        "95 % interval",
+        "verdict",
+        format!("control: {control}"),
     );
     let med = |v: &[f64]| opledger_core::stats::median(v).unwrap_or(0.0);
     for s in &r.scenarios {
@@ -57,39 +154,59 @@ pub fn ab_text(r: &AbReport) -> String {
                 s.control_hi,
                 verdict_name(s.control_verdict)
             ),
-            if s.correctness.passed {
-                format!(
-                    "same (top-1 {}/{}, rel {:.1e})",
-                    s.correctness.same_top1, s.correctness.rows, s.correctness.max_rel_error
-                )
-            } else {
-                format!(
-                    "CHANGED (top-1 {}/{}, rel {:.1e}, cos {:.5})",
-                    s.correctness.same_top1,
-                    s.correctness.rows,
-                    s.correctness.max_rel_error,
-                    s.correctness.min_cosine
-                )
-            }
+            output_words(s)
         );
     }
-    if let Some(s) = r.scenarios.first() {
+    for s in &r.scenarios {
+        if s.ledger.is_empty() {
+            continue;
+        }
+        let level = s
+            .ledger
+            .iter()
+            .find_map(|l| l.judged.as_ref().map(|j| j.level));
         let _ = writeln!(
             out,
-            "\nwhere the difference lives ({}), sorted by gap:",
-            scenario_label(&s.work)
+            "\nwhere the difference lives ({}), sorted by gap{}:",
+            scenario_label(&s.work),
+            match level {
+                Some(l) => format!(
+                    ", each band over {} cycles at {:.1} % (Bonferroni over the bands)",
+                    s.a_ms.len(),
+                    l * 100.0
+                ),
+                None => " (one TIMED run per side)".into(),
+            }
         );
         let _ = writeln!(
             out,
-            "  {:<18} {:>12} {:>12} {:>12} {:>8}",
-            "band", "A ms/token", "B ms/token", "gap", "B/A"
+            "  {:<18} {:>12} {:>12} {:>12} {:>8} {:>17} {:>24} verdict",
+            "band", "A ms/token", "B ms/token", "gap", "B/A", "interval", "control A2/A"
         );
         for row in &s.ledger {
+            let (interval, control, verdict) = band_judgement(row);
             let _ = writeln!(
                 out,
-                "  {:<18} {:>12.4} {:>12.4} {:>+12.4} {:>8.3}",
-                row.band, row.a_ms_per_token, row.b_ms_per_token, row.gap_ms_per_token, row.ratio
+                "  {:<18} {:>12.4} {:>12.4} {:>+12.4} {:>8.3} {:>17} {:>24} {}",
+                row.band,
+                row.a_ms_per_token,
+                row.b_ms_per_token,
+                row.gap_ms_per_token,
+                row.ratio,
+                interval,
+                control,
+                verdict
             );
+        }
+    }
+    for s in &r.scenarios {
+        if let Some(d) = &s.op_diff {
+            let _ = writeln!(
+                out,
+                "\nops ({}), matched between the graphs, sorted by gap:",
+                scenario_label(&s.work)
+            );
+            out.push_str(&crate::opdiff::op_diff_text(d, OP_ROWS));
         }
     }
     if !r.ablations.is_empty() {
@@ -115,16 +232,72 @@ pub fn ab_text(r: &AbReport) -> String {
     let noise: u32 = r.scenarios.iter().map(|s| s.gate.rejected).sum();
     let _ = writeln!(
         out,
-        "\nthresholds: faster/slower when the whole 95 % interval of B/A lies beyond ±{e:.0} % and beyond the noise the control shows (A against itself, its interval scaled from half the runs to all of them), no change when it lies within ±{e:.0} %, within noise otherwise; inconclusive when the control moved (its whole interval beyond ±{e:.0} %); noise gate rejected and retook {noise} runs",
-        e = r.config.min_effect * 100.0
+        "\nthresholds: {}; noise gate rejected and retook {noise} runs",
+        thresholds_words(r)
     );
     let _ = writeln!(out, "verdict: {}", r.verdict.words());
     out
 }
 
-/// The markdown rendering (after the per-scenario table of [`crate::bench`]): ratios with their
-/// intervals and the control, the band ledger of each scenario, the ablations and the verdict.
-pub fn ab_markdown(r: &AbReport) -> String {
+/// How the verdicts were reached, in words.
+pub fn thresholds_words(r: &AbReport) -> String {
+    let e = r.config.min_effect * 100.0;
+    let process = r.scenarios.iter().any(|s| !s.control_ms.is_empty());
+    if process {
+        format!("faster/slower when the whole interval of B/A lies beyond ±{e:.0} % and beyond the control's interval (a second process of A, A2/A, by the same estimator over the same cycles), no change when it lies within ±{e:.0} %, within noise otherwise; inconclusive when the control moved (its whole interval beyond ±{e:.0} %); a band's intervals at the Bonferroni-corrected level of all the bands")
+    } else {
+        format!("faster/slower when the whole 95 % interval of B/A lies beyond ±{e:.0} % and beyond the noise the control shows (A against itself, its interval scaled from half the runs to all of them), no change when it lies within ±{e:.0} %, within noise otherwise; inconclusive when the control moved (its whole interval beyond ±{e:.0} %)")
+    }
+}
+
+/// compare-llama-bench's table of an A/B: model, test, t/s of each side, the speedup (A's
+/// median wall over B's) with its interval and the verdict.
+pub fn compare_bench_markdown(model: &str, r: &AbReport) -> String {
+    use crate::table::{markdown_table, Align};
+    let med = |v: &[f64]| opledger_core::stats::median(v).unwrap_or(f64::NAN);
+    let tps = |ms: f64, w: &Work| w.tokens_per_run() as f64 / (ms / 1e3);
+    let rows: Vec<Vec<String>> = r
+        .scenarios
+        .iter()
+        .map(|s| {
+            vec![
+                model.to_string(),
+                bench_test_name(&s.work),
+                format!("{:.2}", tps(med(&s.a_ms), &s.work)),
+                format!("{:.2}", tps(med(&s.b_ms), &s.work)),
+                format!("{:.2}", 1.0 / s.ratio),
+                format!("[{:.2}–{:.2}]", 1.0 / s.ratio_hi, 1.0 / s.ratio_lo),
+                verdict_name(s.verdict).to_string(),
+            ]
+        })
+        .collect();
+    markdown_table(
+        &[
+            "model",
+            "test",
+            "t/s A",
+            "t/s B",
+            "speedup",
+            "95 % interval",
+            "verdict",
+        ],
+        &[
+            Align::Left,
+            Align::Left,
+            Align::Right,
+            Align::Right,
+            Align::Right,
+            Align::Right,
+            Align::Left,
+        ],
+        &rows,
+    )
+}
+
+/// The markdown rendering, ready for a pull request's description: compare-llama-bench's table
+/// ([`compare_bench_markdown`]), the scenarios with their control and output gate, each
+/// scenario's band ledger with intervals and verdicts, the ablations and the verdict.
+pub fn ab_markdown(model: &str, r: &AbReport) -> String {
     use crate::table::{markdown_table, Align};
     use std::fmt::Write as _;
     let mut out = String::new();
@@ -133,6 +306,7 @@ pub fn ab_markdown(r: &AbReport) -> String {
         "## A/B: {} against {}\n\nA (baseline): {} · B (candidate): {}\n",
         r.b, r.a, r.a, r.b
     );
+    let _ = writeln!(out, "{}\n", compare_bench_markdown(model, r));
     let rows: Vec<Vec<String>> = r
         .scenarios
         .iter()
@@ -149,11 +323,7 @@ pub fn ab_markdown(r: &AbReport) -> String {
                     s.control_hi,
                     verdict_name(s.control_verdict)
                 ),
-                if s.correctness.passed {
-                    "same".to_string()
-                } else {
-                    "CHANGED".to_string()
-                },
+                output_words(s),
             ]
         })
         .collect();
@@ -166,7 +336,7 @@ pub fn ab_markdown(r: &AbReport) -> String {
                 "B/A",
                 "95 % interval",
                 "verdict",
-                "control (A vs A)",
+                "control",
                 "output"
             ],
             &[
@@ -181,16 +351,23 @@ pub fn ab_markdown(r: &AbReport) -> String {
         )
     );
     for s in &r.scenarios {
+        if s.ledger.is_empty() {
+            continue;
+        }
         let rows: Vec<Vec<String>> = s
             .ledger
             .iter()
             .map(|l| {
+                let (interval, control, verdict) = band_judgement(l);
                 vec![
                     l.band.clone(),
                     format!("{:.4}", l.a_ms_per_token),
                     format!("{:.4}", l.b_ms_per_token),
                     format!("{:+.4}", l.gap_ms_per_token),
                     format!("{:.3}", l.ratio),
+                    interval,
+                    control,
+                    verdict,
                 ]
             })
             .collect();
@@ -199,17 +376,39 @@ pub fn ab_markdown(r: &AbReport) -> String {
             "where the difference lives ({}), sorted by gap:\n\n{}\n",
             scenario_label(&s.work),
             markdown_table(
-                &["band", "A ms/token", "B ms/token", "gap", "B/A"],
+                &[
+                    "band",
+                    "A ms/token",
+                    "B ms/token",
+                    "gap",
+                    "B/A",
+                    "interval",
+                    "control A2/A",
+                    "verdict"
+                ],
                 &[
                     Align::Left,
                     Align::Right,
                     Align::Right,
                     Align::Right,
-                    Align::Right
+                    Align::Right,
+                    Align::Right,
+                    Align::Right,
+                    Align::Left
                 ],
                 &rows
             )
         );
+    }
+    for s in &r.scenarios {
+        if let Some(d) = &s.op_diff {
+            let _ = writeln!(
+                out,
+                "ops ({}), matched between the graphs, the largest gaps:\n\n{}\n",
+                scenario_label(&s.work),
+                crate::opdiff::op_diff_markdown(d, OP_ROWS)
+            );
+        }
     }
     for a in &r.ablations {
         let _ = writeln!(
@@ -225,7 +424,8 @@ pub fn ab_markdown(r: &AbReport) -> String {
             if a.correct { "" } else { ", output CHANGED" }
         );
     }
-    let _ = writeln!(out, "\n**verdict: {}**", r.verdict.words());
+    let _ = writeln!(out, "\n{}.\n", thresholds_words(r));
+    let _ = writeln!(out, "**verdict: {}**", r.verdict.words());
     out
 }
 
@@ -280,14 +480,25 @@ pub fn ab_checks(r: &AbReport) -> Vec<Check> {
     let mut out = Vec::new();
     for s in &r.scenarios {
         let c = &s.correctness;
-        out.push(Check {
-            name: format!("output · {}", scenario_label(&s.work)),
-            status: if c.passed {
-                CheckStatus::Pass
-            } else {
-                CheckStatus::Fail
-            },
-            detail: format!(
+        let detail = match &s.outputs {
+            Some(g) => format!(
+                "{}: every one of {} positions and {} greedy steps, NMSE at most {:.1e} (bound {:.1e}), top-1 the same in {}/{} rows ({} near ties within {} logits){}",
+                if g.passed { "same output" } else { "the output CHANGED" },
+                g.positions,
+                g.steps,
+                g.max_nmse,
+                g.config.max_nmse,
+                g.same_top1,
+                g.positions + g.steps,
+                g.near_ties,
+                g.config.near_tie,
+                match g.refusal() {
+                    Some(why) => format!("; {why}"),
+                    None if g.bit_identical => "; bit-identical".into(),
+                    None => String::new(),
+                }
+            ),
+            None => format!(
                 "{}: top-1 token the same in {}/{} rows, largest relative logit difference {:.1e} (tolerance {:.1e}), lowest cosine {:.5}",
                 if c.passed { "same output" } else { "the output CHANGED" },
                 c.same_top1,
@@ -296,10 +507,25 @@ pub fn ab_checks(r: &AbReport) -> Vec<Check> {
                 r.config.tolerance.max_rel_error,
                 c.min_cosine
             ),
+        };
+        out.push(Check {
+            name: format!("output · {}", scenario_label(&s.work)),
+            status: if c.passed {
+                CheckStatus::Pass
+            } else {
+                CheckStatus::Fail
+            },
+            detail,
         });
     }
     for s in &r.scenarios {
-        let (n_lo, n_hi) = Verdict::noise_bounds(s.control_lo, s.control_hi);
+        let process = !s.control_ms.is_empty();
+        // a second process's interval is the noise itself; A's halves are scaled to all runs
+        let (n_lo, n_hi) = if process {
+            (s.control_lo, s.control_hi)
+        } else {
+            Verdict::noise_bounds(s.control_lo, s.control_hi)
+        };
         out.push(Check {
             name: format!("control · {}", scenario_label(&s.work)),
             // a control that moved makes the scenario inconclusive (Verdict::of_scenario); one
@@ -312,7 +538,12 @@ pub fn ab_checks(r: &AbReport) -> Vec<Check> {
                 CheckStatus::Warn
             },
             detail: format!(
-                "A against itself (where it ran second in a pair against where it ran first): {:.3} [{:.3}–{:.3}], {}: {}",
+                "{}: {:.3} [{:.3}–{:.3}], {}: {}",
+                if process {
+                    "A against a second process of A"
+                } else {
+                    "A against itself (where it ran second in a pair against where it ran first)"
+                },
                 s.control_ratio,
                 s.control_lo,
                 s.control_hi,
@@ -377,6 +608,7 @@ mod tests {
                 min_effect: 0.02,
                 resamples: 100,
                 seed: 1,
+                outputs: None,
             },
             scenarios: vec![ScenarioResult {
                 work,
@@ -402,6 +634,9 @@ mod tests {
                     kept_noisy,
                     ..GateStats::default()
                 },
+                control_ms: Vec::new(),
+                outputs: None,
+                op_diff: None,
             }],
             ablations: Vec::new(),
             verdict: Outcome::Faster,

@@ -11,6 +11,7 @@ pub mod device;
 pub mod html;
 pub mod ledger;
 pub mod nodes;
+pub mod opdiff;
 pub mod ops;
 pub mod palette;
 pub mod perfetto;

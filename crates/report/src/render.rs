@@ -213,13 +213,16 @@ pub fn render(
         (Format::Text, RunView::Waste(v)) => {
             crate::waste::waste_text(v.manifest, &v.summary, opts.waste_top).into_bytes()
         }
+        // an A/B: compare-llama-bench's table of the two sides, not a row per side
+        (Format::Md, RunView::Ab(v)) => {
+            crate::ab::ab_markdown(v.manifest.model_label(), v.report).into_bytes()
+        }
         (Format::Md, _) => {
             let mut md = crate::bench::bench_markdown(&rows);
             md.push('\n');
             md.push_str(&match view {
                 RunView::Profile(v) => crate::profile::profile_markdown(v.manifest, &v.summary),
                 RunView::Sweep(v) => crate::sweep::sweep_markdown(v.manifest, &v.summary),
-                RunView::Ab(v) => crate::ab::ab_markdown(v.report),
                 RunView::Waste(v) => crate::waste::waste_markdown(v.manifest, &v.summary),
                 _ => unreachable!("file_name() refused their markdown"),
             });

@@ -12,7 +12,8 @@ use serde_json::{json, Map, Value};
 use opledger_core::calibration::Dispatch;
 use opledger_core::engine::{
     Capability, ChunkTiming, Engine, EngineError, EngineInfo, GraphCapture, GraphCapturer,
-    IsolationCalibration, Mode, OpTime, OpTimeRequest, OpTimer, ReplayEngine, SweepEngine, Work,
+    IsolationCalibration, Mode, OpTime, OpTimeRequest, OpTimer, OutputReader, ReplayEngine,
+    SweepEngine, Work,
 };
 use opledger_core::node::NodeInfo;
 use opledger_core::split::Slot;
@@ -120,6 +121,8 @@ pub struct WorkerEngine {
     /// worker, and the RPC servers on this machine its graph is split over
     /// ([`WorkerEngine::count_as_own`]).
     own: Vec<opledger_core::noise::OwnGuard>,
+    /// The output reader's chunk (positions) and the position of its next greedy step.
+    outputs: Option<(u32, u32)>,
 }
 
 fn ctx_name(mode: Mode) -> &'static str {
@@ -200,6 +203,7 @@ impl WorkerEngine {
             capture_ids: false,
             ids: Vec::new(),
             last_replay: None,
+            outputs: None,
             own,
         })
     }
@@ -532,7 +536,31 @@ impl WorkerEngine {
         )
     }
 
+    /// Prepares a prefill chunk: contexts for the depth, the chunk and `room` more tokens, the
+    /// context filled to the depth and saved.
+    fn prepare_prefill(&mut self, work: &Work, room: u32) -> Result<(), EngineError> {
+        self.outputs = None;
+        let needed = work.depth_tokens as u64 + work.chunk_tokens as u64 + room as u64;
+        self.contexts(needed, work.chunk_tokens, 1)?;
+        let _: Done = self.req("clear", json!({"ctx": "plain"}))?;
+        if work.depth_tokens > 0 {
+            let fill = filler_tokens(work.token_seed, 0, work.depth_tokens, self.vocab());
+            self.decode(Mode::Fused, &fill, 0, false, "none")?;
+            let _: Saved = self.req("save", json!({"ctx": "plain", "scope": "seq0"}))?;
+            self.state = Some("seq0");
+        }
+        self.chunk = filler_tokens(
+            work.token_seed,
+            work.depth_tokens,
+            work.chunk_tokens,
+            self.vocab(),
+        );
+        self.work = Some(work.clone());
+        Ok(())
+    }
+
     fn prepare_decode(&mut self, work: &Work) -> Result<(), EngineError> {
+        self.outputs = None;
         let n_seq = work.parallel.max(1);
         let fill_batch = work.chunk_tokens.max(n_seq).max(1);
         let needed = work.depth_tokens as u64 + n_seq as u64 * work.decode_tokens as u64 + 1;
@@ -688,23 +716,7 @@ impl Engine for WorkerEngine {
         if work.is_decode() {
             return self.prepare_decode(work);
         }
-        let needed = work.depth_tokens as u64 + work.chunk_tokens as u64;
-        self.contexts(needed, work.chunk_tokens, 1)?;
-        let _: Done = self.req("clear", json!({"ctx": "plain"}))?;
-        if work.depth_tokens > 0 {
-            let fill = filler_tokens(work.token_seed, 0, work.depth_tokens, self.vocab());
-            self.decode(Mode::Fused, &fill, 0, false, "none")?;
-            let _: Saved = self.req("save", json!({"ctx": "plain", "scope": "seq0"}))?;
-            self.state = Some("seq0");
-        }
-        self.chunk = filler_tokens(
-            work.token_seed,
-            work.depth_tokens,
-            work.chunk_tokens,
-            self.vocab(),
-        );
-        self.work = Some(work.clone());
-        Ok(())
+        self.prepare_prefill(work, 0)
     }
 
     fn graph(&mut self) -> Result<Vec<NodeInfo>, EngineError> {
@@ -767,6 +779,7 @@ impl Engine for WorkerEngine {
                     | Capability::Logits
                     | Capability::Sweep
                     | Capability::GraphCapture
+                    | Capability::Outputs
             ),
         }
     }
@@ -851,11 +864,89 @@ impl Engine for WorkerEngine {
         Some(self)
     }
 
+    fn as_output_reader(&mut self) -> Option<&mut dyn OutputReader> {
+        Some(self)
+    }
+
     fn as_op_timer(&mut self) -> Option<&mut dyn OpTimer> {
         if self.cfg.rpc.is_some() {
             return None;
         }
         Some(self)
+    }
+}
+
+/// The output gate's reads, on the plain context (no instrument): the chunk decoded with every
+/// position's logits, rows read by index (`logits`, null where not finite: NaN here, which the
+/// gate counts), then greedy `step`s on sequence 0.
+impl OutputReader for WorkerEngine {
+    fn decode_outputs(&mut self, work: &Work, steps: u32) -> Result<u32, EngineError> {
+        let w = Work {
+            decode_tokens: 0,
+            parallel: 1,
+            all_logits: true,
+            ..work.clone()
+        };
+        self.prepare_prefill(&w, steps)?;
+        self.restore("plain")?;
+        let chunk = std::mem::take(&mut self.chunk);
+        let d = self.decode(Mode::Fused, &chunk, w.depth_tokens, true, "none");
+        self.chunk = chunk;
+        d?;
+        // the prepared state is gone: a run must prepare again
+        self.work = None;
+        self.outputs = Some((w.chunk_tokens, w.depth_tokens + w.chunk_tokens));
+        Ok(w.chunk_tokens)
+    }
+
+    fn output_rows(&mut self, first: u32, count: u32) -> Result<Vec<Vec<f32>>, EngineError> {
+        let Some((positions, _)) = self.outputs else {
+            return Err(EngineError::Failed(
+                "output_rows() before decode_outputs()".into(),
+            ));
+        };
+        if first.saturating_add(count) > positions {
+            return Err(EngineError::Failed(format!(
+                "rows {first}..{} of a chunk of {positions}",
+                first.saturating_add(count)
+            )));
+        }
+        let rows: Vec<u32> = (first..first + count).collect();
+        let l: Logits = self.req("logits", json!({"ctx": "plain", "rows": rows}))?;
+        Ok(l.rows
+            .into_iter()
+            .map(|r| r.into_iter().map(|v| v.unwrap_or(f32::NAN)).collect())
+            .collect())
+    }
+
+    fn greedy_step(&mut self, token: u32) -> Result<Vec<f32>, EngineError> {
+        let Some((positions, pos)) = self.outputs else {
+            return Err(EngineError::Failed(
+                "greedy_step() before decode_outputs()".into(),
+            ));
+        };
+        let token = i32::try_from(token)
+            .ok()
+            .filter(|&t| (t as u32) < self.vocab())
+            .ok_or_else(|| {
+                EngineError::Failed(format!(
+                    "greedy token {token} lies outside the vocabulary of {}",
+                    self.vocab()
+                ))
+            })?;
+        self.step(Mode::Fused, &[token], pos, 0, "none")?;
+        self.outputs = Some((positions, pos + 1));
+        let l: Logits = self.req("logits", json!({"ctx": "plain", "rows": [0]}))?;
+        l.rows
+            .into_iter()
+            .next()
+            .map(|r| r.into_iter().map(|v| v.unwrap_or(f32::NAN)).collect())
+            .ok_or_else(|| {
+                EngineError::Worker(format!(
+                    "the llama.cpp worker {}: a greedy step's logits came back without a row",
+                    self.cfg.worker.display()
+                ))
+            })
     }
 }
 

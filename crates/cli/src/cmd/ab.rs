@@ -37,10 +37,18 @@ pub struct WorkArgs {
     /// raises it to the noise the control shows.
     #[arg(long, default_value_t = 0.02, value_parser = super::flags::effect, allow_negative_numbers = true)]
     pub min_effect: f64,
-    /// Largest relative logit difference (max |a-b| / max |a|) that still counts as the same
-    /// output; the greedy tokens must match too.
-    #[arg(long, default_value_t = 2e-2, value_parser = super::flags::positive, allow_negative_numbers = true)]
-    pub tolerance: f64,
+    /// The output gate: the largest NMSE of one row of logits, sum((b-a)^2) / sum(a^2), that
+    /// still counts as the same output, over every position of the chunk and the greedy steps
+    /// (1e-6: llama.cpp's `llama-results`).
+    #[arg(long, default_value_t = opledger_core::outputs::DEFAULT_MAX_NMSE, value_parser = super::flags::positive, allow_negative_numbers = true)]
+    pub max_nmse: f64,
+    /// The output gate: a top-1 token that differs where A's two largest logits lie within
+    /// this many logits of each other is a near tie, reported and not refused.
+    #[arg(long, default_value_t = opledger_core::outputs::DEFAULT_NEAR_TIE, value_parser = super::flags::non_negative, allow_negative_numbers = true)]
+    pub near_tie: f64,
+    /// The output gate: greedy decode steps after the chunk, both sides fed A's tokens.
+    #[arg(long, default_value_t = opledger_core::outputs::DEFAULT_STEPS)]
+    pub greedy_steps: u32,
     /// Noise gate: reject and retake a run during which the busiest other process used more
     /// than this share of one CPU, or all others more than this share of the machine (0..=1).
     #[arg(long, default_value_t = opledger_core::noise::DEFAULT_MAX_OTHERS, value_parser = super::flags::share, allow_negative_numbers = true)]
@@ -88,13 +96,15 @@ impl WorkArgs {
                 canary: (!self.no_canary).then_some(self.canary),
                 ..Default::default()
             },
-            tolerance: Tolerance {
-                max_rel_error: self.tolerance,
-                ..Default::default()
-            },
+            tolerance: Tolerance::default(),
             min_effect: self.min_effect,
             resamples: 2000,
             seed: 0x0a_b0,
+            outputs: Some(opledger_core::outputs::OutputGateConfig {
+                max_nmse: self.max_nmse,
+                near_tie: self.near_tie,
+                steps: self.greedy_steps,
+            }),
         }
     }
 }
@@ -111,8 +121,9 @@ pub struct AbArgs {
     pub b: String,
     #[command(flatten)]
     pub work: WorkArgs,
-    /// Interleaved A/B pairs per scenario (at least 4: the control compares A's runs of the
-    /// odd-numbered pairs with those of the even-numbered ones, two or more each).
+    /// Interleaved cycles per scenario (at least 4), each a FUSED and a TIMED run of A, B and
+    /// the control (a second process of A), in an order that turns every cycle; every band's
+    /// B/A is judged over the cycles.
     #[arg(short = 'r', long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(4..))]
     pub pairs: u32,
     /// The run folder (default: runs/<time>-ab-<model>).

@@ -84,11 +84,20 @@ pub fn effect(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-/// `--tolerance`: a positive relative error.
+/// `--max-nmse`: a positive error.
 pub fn positive(s: &str) -> Result<f64, String> {
     let v = finite(s)?;
     if v <= 0.0 {
         return Err(format!("{v} must be above 0"));
+    }
+    Ok(v)
+}
+
+/// `--near-tie`: a margin of at least 0.
+pub fn non_negative(s: &str) -> Result<f64, String> {
+    let v = finite(s)?;
+    if v < 0.0 {
+        return Err(format!("{v} must be at least 0"));
     }
     Ok(v)
 }

@@ -79,8 +79,12 @@ fn bad_flag_values_are_refused_with_exit_2_and_leave_no_folder() {
             "relative change",
         ),
         (
-            &["ab", "--b", "threads=1", "--tolerance", "0"],
+            &["ab", "--b", "threads=1", "--max-nmse", "0"],
             "must be above 0",
+        ),
+        (
+            &["ab", "--b", "threads=1", "--near-tie", "-1"],
+            "must be at least 0",
         ),
         (&["ab", "--b", "threads=1", "-p", "0"], "must be at least 1"),
         (&["ab", "--b", "threads=1", "-r", "2"], "2 is not in 4.."),

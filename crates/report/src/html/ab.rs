@@ -61,12 +61,21 @@ pub(super) fn ab_chart(v: &AbView) -> BarChart {
                                 },
                             ],
                             note: format!(
-                                "gap {:+.4} ms{}",
+                                "gap {:+.4} ms{}{}",
                                 l.gap_ms_per_token,
                                 if l.ratio.is_finite() {
                                     format!(" · B/A {:.3}", l.ratio)
                                 } else {
                                     String::new()
+                                },
+                                match &l.judged {
+                                    Some(j) if j.ratio_lo.is_finite() => format!(
+                                        " [{:.3}–{:.3}] {}",
+                                        j.ratio_lo,
+                                        j.ratio_hi,
+                                        verdict_name(j.verdict)
+                                    ),
+                                    _ => String::new(),
                                 }
                             ),
                         })
@@ -119,6 +128,52 @@ pub(super) fn ab_html(v: &AbView) -> String {
     )
 }
 
+/// Every scenario's band ledger with its intervals, control and verdicts.
+fn band_tables(body: &mut String, r: &AbReport) {
+    for s in &r.scenarios {
+        if s.ledger.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            body,
+            "<h3>Where the difference lives · {}</h3>",
+            esc(&scenario_label(&s.work))
+        );
+        let rows: Vec<Vec<String>> = s
+            .ledger
+            .iter()
+            .map(|l| {
+                let (interval, control, verdict) = crate::ab::band_judgement(l);
+                vec![
+                    l.band.clone(),
+                    format!("{:.4}", l.a_ms_per_token),
+                    format!("{:.4}", l.b_ms_per_token),
+                    format!("{:+.4}", l.gap_ms_per_token),
+                    format!("{:.3}", l.ratio),
+                    interval,
+                    control,
+                    verdict,
+                ]
+            })
+            .collect();
+        table(
+            body,
+            &[
+                "band",
+                "A ms/token",
+                "B ms/token",
+                "gap",
+                "B/A",
+                "interval",
+                "control A2/A",
+                "verdict",
+            ],
+            &[false, true, true, true, true, true, true, false],
+            &text_rows(rows),
+        );
+    }
+}
+
 /// Every scenario's walls, ratio and verdict, its control and output, then the ablations.
 fn scenarios_section(body: &mut String, r: &AbReport) {
     body.push_str("<section id=\"scenarios\"><h2>Scenarios</h2>\n");
@@ -141,11 +196,7 @@ fn scenarios_section(body: &mut String, r: &AbReport) {
                     s.control_hi,
                     verdict_name(s.control_verdict)
                 ),
-                if s.correctness.passed {
-                    "same".into()
-                } else {
-                    "CHANGED".into()
-                },
+                crate::ab::output_words(s),
             ]
         })
         .collect();
@@ -158,7 +209,13 @@ fn scenarios_section(body: &mut String, r: &AbReport) {
             "B/A",
             "95 % interval",
             "verdict",
-            "control: A 2nd vs A 1st",
+            &format!(
+                "control: {}",
+                r.scenarios
+                    .first()
+                    .map(crate::ab::control_name)
+                    .unwrap_or("A 2nd vs A 1st")
+            ),
             "output",
         ],
         &[false, true, true, true, true, false, false, false],
@@ -166,10 +223,17 @@ fn scenarios_section(body: &mut String, r: &AbReport) {
     );
     let _ = writeln!(
         body,
-        "<p>{} interleaved pairs a scenario; faster or slower when the whole 95 % interval of B/A lies beyond ±{e:.0} % and beyond the noise the control shows (A against itself, its interval scaled from half the runs to all of them), no change when it lies within ±{e:.0} %, within noise otherwise; inconclusive when the control moved (its whole interval beyond ±{e:.0} %).</p>",
+        "<p>{} interleaved cycles a scenario; {}.</p>",
         r.config.pairs,
-        e = r.config.min_effect * 100.0
+        esc(&crate::ab::thresholds_words(r))
     );
+    band_tables(body, r);
+    for s in &r.scenarios {
+        if let Some(d) = &s.op_diff {
+            let _ = writeln!(body, "<h3>Ops · {}</h3>", esc(&scenario_label(&s.work)));
+            body.push_str(&super::opdiff::op_diff_html(d, 40));
+        }
+    }
     ablations_table(body, r);
     body.push_str("</section>\n");
 }

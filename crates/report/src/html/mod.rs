@@ -5,6 +5,7 @@
 mod ab;
 mod layout;
 mod manifest;
+pub mod opdiff;
 mod profile;
 mod sweep;
 mod waste;
