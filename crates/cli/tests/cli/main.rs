@@ -135,6 +135,7 @@ mod report;
 mod rpc;
 mod soundness;
 mod sweep;
+mod two_builds;
 mod waste;
 mod worker;
 mod worker_faults;
