@@ -119,6 +119,7 @@ fn assert_profile_is_sound(
 }
 
 mod ab;
+mod builds;
 mod candle_engine;
 mod census;
 mod end_to_end;
