@@ -20,6 +20,9 @@ use serde::Serialize;
 #[path = "../shared/runs.rs"]
 mod runs;
 
+#[path = "../shared/llama_trees.rs"]
+mod llama_trees;
+
 /// One claim: what is claimed, the figure measured, the bound it is held against (as written),
 /// and whether it held.
 #[derive(Debug, Clone, Serialize)]
@@ -124,6 +127,11 @@ const GROUPS: &[(&str, &str, Group)] = &[
         "ops-worker",
         "ops timed alone in the worker built here against the bundled worker (tiny qwen35moe, Gemma 3 270M), and the GEMM peak: within 0.8-1.25",
         ops_worker,
+    ),
+    (
+        "two-builds",
+        "Gemma 3 270M, workers from copies of the vendored llama.cpp: GEGLU 64x slower is the one band slower and the op that moved most; an A/A of two processes no change",
+        two_builds,
     ),
 ];
 
@@ -602,6 +610,71 @@ fn worker_aa(x: &Ctx, c: &mut Claims) -> Result<(), String> {
             format!("[{lo:.3}-{hi:.3}]"),
         );
     }
+    Ok(())
+}
+
+/// Two builds of llama.cpp from copies of the vendored sources (tests/shared/llama_trees.rs):
+/// GEGLU made 64 times slower must be the one band called slower (dense_ffn) and the op diff's
+/// largest ratio, every other band without a verdict, the control unmoved; an A/A of two
+/// processes of one build no change.
+fn two_builds(x: &Ctx, c: &mut Claims) -> Result<(), String> {
+    let b = llama_trees::build_all();
+    let model = x.gemma3()?;
+    let side = |w: &Path| format!("worker={}", w.display());
+    let r = ab(x, &model, &side(&b.master), &side(&b.slow), "two-builds-slow")?;
+    let s = &r["scenarios"][0];
+    c.says(
+        "slowed GEGLU: control",
+        s["control_verdict"].as_str().unwrap_or("none"),
+        "not moved",
+        !["faster", "slower"].contains(&s["control_verdict"].as_str().unwrap_or("")),
+    );
+    for row in s["ledger"].as_array().ok_or("no ledger")? {
+        let band = row["band"].as_str().unwrap_or("?");
+        let j = &row["judged"];
+        let verdict = j["verdict"].as_str().unwrap_or("none");
+        let (expected, pass) = if band == "dense_ffn" {
+            ("slower", verdict == "slower")
+        } else {
+            ("no verdict", verdict != "slower" && verdict != "faster")
+        };
+        c.add(
+            &format!("slowed GEGLU: {band}"),
+            num(&row["ratio"], "ratio")?,
+            expected,
+            pass,
+            format!("[{}-{}] {verdict}", j["ratio_lo"], j["ratio_hi"]),
+        );
+    }
+    let ops = s["op_diff"]["ops"].as_array().ok_or("no op diff")?;
+    let largest = ops
+        .iter()
+        .filter(|o| o["ratio"].is_number())
+        .max_by(|p, q| {
+            p["ratio"]
+                .as_f64()
+                .unwrap_or(0.0)
+                .total_cmp(&q["ratio"].as_f64().unwrap_or(0.0))
+        })
+        .ok_or("no op group timed")?;
+    c.says(
+        "slowed GEGLU: the op that moved most",
+        &format!("{} {} B/A {}", largest["op"], largest["name"], largest["ratio"]),
+        "GLU",
+        largest["op"] == "GLU",
+    );
+    let r = ab(x, &model, &side(&b.master), &side(&b.master), "two-builds-aa")?;
+    let verdict = r["verdict"].as_str().unwrap_or("none");
+    let s = &r["scenarios"][0];
+    c.says(
+        "A/A of two processes of one build",
+        &format!(
+            "{verdict}: B/A {} [{}-{}], control {} [{}-{}]",
+            s["ratio"], s["ratio_lo"], s["ratio_hi"], s["control_ratio"], s["control_lo"], s["control_hi"]
+        ),
+        "no_change",
+        verdict == "no_change",
+    );
     Ok(())
 }
 

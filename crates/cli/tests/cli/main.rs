@@ -136,6 +136,8 @@ mod report;
 mod rpc;
 mod soundness;
 mod sweep;
+#[path = "../shared/llama_trees.rs"]
+mod llama_trees;
 mod two_builds;
 mod waste;
 mod worker;

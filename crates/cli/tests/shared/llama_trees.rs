@@ -1,0 +1,175 @@
+//! Workers built from copies of the vendored llama.cpp sources, as is and with a patch the
+//! copy carries (the vendored tree is never touched): the CI's test of two builds
+//! (tests/cli/two_builds.rs) and the acceptance claims on them (tests/acceptance) build the same
+//! four. Copies and builds live under the target folder (`two-builds/<name>/llama.cpp`), so a
+//! later run rebuilds only what changed; `scripts/build-worker` keys each build folder by its
+//! tree and compiles through ccache where it is installed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// ggml's CPU options as cargo builds the bundled worker (not GGML_NATIVE: these VMs report AMX
+/// and die of SIGILL in its kernels).
+const CPU_OPTIONS: [&str; 5] = [
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+];
+
+/// The patch of the slowed build: GEGLU's forward computed 64 times (each time from its sources
+/// into its own output: the same values).
+const SLOW_FROM: &str = "static void ggml_compute_forward_geglu_f32(
+        const ggml_compute_params * params,
+        ggml_tensor * dst) {";
+const SLOW_TO: &str = "static void ggml_compute_forward_geglu_f32_once(
+        const ggml_compute_params * params,
+        ggml_tensor * dst);
+// opledger's test of two builds: a deliberate slowdown, the same values
+static void ggml_compute_forward_geglu_f32(
+        const ggml_compute_params * params,
+        ggml_tensor * dst) {
+    for (int rep = 0; rep < 64; ++rep) {
+        ggml_compute_forward_geglu_f32_once(params, dst);
+    }
+}
+static void ggml_compute_forward_geglu_f32_once(
+        const ggml_compute_params * params,
+        ggml_tensor * dst) {";
+
+/// The patch of the wrong build: RMS norm's scale 1.5 times too large.
+const WRONG_FROM: &str = "const float scale = 1.0f/sqrtf(mean + eps);";
+const WRONG_TO: &str = "const float scale = 1.5f/sqrtf(mean + eps);";
+
+/// The patch of the split build: Gemma 3's query scale as two scales of its square root.
+const SPLIT_FROM: &str = "Qcur = ggml_scale(ctx0, Qcur, hparams.f_attention_scale);";
+const SPLIT_TO: &str = "Qcur = ggml_scale(ctx0, ggml_scale(ctx0, Qcur, sqrtf(hparams.f_attention_scale)), sqrtf(hparams.f_attention_scale));";
+
+/// The four builds: as is, slowed, wrong, split.
+pub struct Builds {
+    pub master: PathBuf,
+    pub slow: PathBuf,
+    pub wrong: PathBuf,
+    pub split: PathBuf,
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn target() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target"))
+}
+
+/// The llama.cpp tree llama-cpp-sys-2 vendors, as cargo unpacked it.
+fn vendored() -> PathBuf {
+    let lock = std::fs::read_to_string(repo().join("Cargo.lock")).unwrap();
+    let version = lock
+        .split("[[package]]")
+        .find(|p| p.contains("name = \"llama-cpp-sys-2\""))
+        .and_then(|p| p.lines().find_map(|l| l.strip_prefix("version = \"")))
+        .map(|v| v.trim_end_matches('"').to_string())
+        .expect("llama-cpp-sys-2 in Cargo.lock");
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cargo"));
+    let registry = home.join("registry/src");
+    std::fs::read_dir(&registry)
+        .unwrap()
+        .flatten()
+        .map(|d| {
+            d.path()
+                .join(format!("llama-cpp-sys-2-{version}/llama.cpp"))
+        })
+        .find(|p| p.join("include/llama.h").is_file())
+        .expect("the vendored llama.cpp unpacked by cargo")
+}
+
+/// Copies `from` into `to`, writing only the files whose bytes differ (a copy made by an
+/// earlier run keeps its files' times, so its build stays incremental).
+fn mirror(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        let kind = e.file_type().unwrap();
+        if kind.is_dir() {
+            mirror(&src, &dst);
+        } else if kind.is_file() {
+            let bytes = std::fs::read(&src).unwrap();
+            if std::fs::read(&dst).ok().as_deref() != Some(&bytes[..]) {
+                std::fs::write(&dst, &bytes).unwrap();
+            }
+        }
+    }
+}
+
+/// A copy of the vendored tree at `name`, with `patch` (file, from, to) applied to the copy;
+/// the patched file is written only when its text changes.
+fn tree(name: &str, patch: Option<(&str, &str, &str)>) -> PathBuf {
+    let dir = target().join("two-builds").join(name).join("llama.cpp");
+    mirror(&vendored(), &dir);
+    if let Some((file, from, to)) = patch {
+        let path = dir.join(file);
+        let original = std::fs::read_to_string(vendored().join(file)).unwrap();
+        assert_eq!(
+            original.matches(from).count(),
+            1,
+            "the patch of {name} expects one '{from}' in {file}"
+        );
+        let patched = original.replacen(from, to, 1);
+        if std::fs::read_to_string(&path).ok().as_deref() != Some(&patched) {
+            std::fs::write(&path, patched).unwrap();
+        }
+    }
+    dir
+}
+
+/// `scripts/build-worker` on `tree` with the CPU options; the worker's path.
+fn build(tree: &Path) -> PathBuf {
+    let t0 = std::time::Instant::now();
+    let o = Command::new(repo().join("scripts/build-worker"))
+        .arg("--llama-cpp-dir")
+        .arg(tree)
+        .arg("--")
+        .args(CPU_OPTIONS)
+        .env("CARGO_TARGET_DIR", target())
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "building the worker against {} failed: {}",
+        tree.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    eprintln!(
+        "two builds: {} built in {:.0} s",
+        tree.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    PathBuf::from(
+        String::from_utf8(o.stdout)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap()
+            .trim(),
+    )
+}
+
+/// The four builds, built in turn (the first about 8 minutes of 2 cores cold, each other about
+/// a minute with ccache).
+pub fn build_all() -> Builds {
+    let ops = "ggml/src/ggml-cpu/ops.cpp";
+    Builds {
+        master: build(&tree("master", None)),
+        slow: build(&tree("slow", Some((ops, SLOW_FROM, SLOW_TO)))),
+        wrong: build(&tree("wrong", Some((ops, WRONG_FROM, WRONG_TO)))),
+        split: build(&tree(
+            "split",
+            Some(("src/models/gemma3.cpp", SPLIT_FROM, SPLIT_TO)),
+        )),
+    }
+}
