@@ -47,6 +47,7 @@ fn compare(
     };
     let mut ea = open(a)?;
     let mut eb = open(b)?;
+    crate::builds::check_two_builds(a, b, &ea.info(), &eb.info())?;
     for e in [ea.as_ref(), eb.as_ref()] {
         require(e, &[Capability::Logits])?;
         if cfg.scenarios.iter().any(|w| w.is_decode()) {

@@ -1,6 +1,7 @@
 //! Two builds that stay apart and say who they are: `scripts/build-worker`'s keyed folders,
 //! archives and manifests (checked by `scripts/test-build-worker` without compiling llama.cpp),
-//! and a worker's build manifest recorded in a run's manifest when it is that worker's.
+//! a worker's build manifest recorded in a run's manifest when it is that worker's, and an `ab`
+//! of two workers that are one binary refused.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -130,4 +131,33 @@ fn a_worker_s_build_manifest_is_recorded_by_each_side_when_it_is_that_worker_s()
         err.contains(&json.display().to_string()) && err.contains("missing field"),
         "{err}"
     );
+}
+
+/// `--a worker=X --b worker=Y` where X and Y are one binary is not an A/B of two builds: refused
+/// (exit 2) before anything is measured, naming both and the hash; the same worker on both
+/// sides is an A/A and runs.
+#[test]
+fn an_ab_of_two_paths_to_one_binary_is_refused() {
+    let _machine = crate::machine::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let model = crate::synth(dir.path(), "tiny-qwen35moe");
+    let (copy, _) = bundled_copy(&dir.path().join("copy"));
+    let b = format!("worker={}", copy.display());
+    let out = dir.path().join("ab");
+    let o = ab(&model, "worker=bundled", &b, &out);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let bundled = opledger_worker::bundled::path().unwrap();
+    for words in [
+        format!("--a worker=bundled ({})", bundled.display()),
+        format!("--b {b}"),
+        format!("one binary (BLAKE3 {})", opledger_worker::bundled::blake3()),
+        "naming the same worker on both sides".to_string(),
+    ] {
+        assert!(err.contains(&words), "'{words}' not in: {err}");
+    }
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "a refused A/B left {left:?}");
 }
