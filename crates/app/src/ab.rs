@@ -58,6 +58,8 @@ fn compare(
     };
     let mut ea = open(a)?;
     let mut eb = open(b)?;
+    // two builds that are one binary are refused before anything is measured
+    crate::builds::check_two_builds(a, b, &ea.info(), &eb.info())?;
     // the control: a second process of A's build, loaded the same way
     let mut ec = match control {
         Control::Process => Some(open(a)?),

@@ -101,6 +101,9 @@ pub struct WorkerEngine {
     proc: WorkerProcess,
     cfg: WorkerConfig,
     worker_hash: String,
+    /// The `build.*` settings of the worker's build manifest
+    /// ([`crate::build_manifest::build_settings`]).
+    build: BTreeMap<String, String>,
     loaded: Loaded,
     n_ctx: Option<u32>,
     work: Option<Work>,
@@ -162,12 +165,19 @@ fn engine_err(e: WorkerError) -> EngineError {
 impl WorkerEngine {
     /// Starts the worker, checks its protocol, and loads the model in it.
     pub fn load(cfg: WorkerConfig) -> Result<WorkerEngine, WorkerError> {
-        let worker_hash = std::fs::read(&cfg.worker)
-            .map(|b| blake3::hash(&b).to_hex().to_string())
-            .map_err(|e| WorkerError::Start {
+        let bytes = std::fs::read(&cfg.worker).map_err(|e| WorkerError::Start {
+            worker: cfg.worker.clone(),
+            why: e.to_string(),
+        })?;
+        let worker_hash = blake3::hash(&bytes).to_hex().to_string();
+        // what scripts/build-worker says it built, when it is this binary
+        let build = crate::build_manifest::build_settings(&cfg.worker, &bytes).map_err(|e| {
+            WorkerError::Start {
                 worker: cfg.worker.clone(),
                 why: e.to_string(),
-            })?;
+            }
+        })?;
+        drop(bytes);
         let mut proc = WorkerProcess::start(&cfg.worker, cfg.timeout, cfg.verbose, &cfg.env)?;
         // the worker computes the measured graph: the noise gate counts its CPU time as the
         // run's own, not another process's
@@ -191,6 +201,7 @@ impl WorkerEngine {
             proc,
             cfg,
             worker_hash,
+            build,
             loaded,
             n_ctx: None,
             work: None,
@@ -703,13 +714,15 @@ pub fn worker_info(
 
 impl Engine for WorkerEngine {
     fn info(&self) -> EngineInfo {
-        worker_info(
+        let mut info = worker_info(
             &self.cfg,
             self.proc.hello(),
             &self.loaded,
             &self.worker_hash,
             self.n_ctx,
-        )
+        );
+        info.settings.extend(self.build.clone());
+        info
     }
 
     fn prepare(&mut self, work: &Work) -> Result<(), EngineError> {

@@ -15,6 +15,7 @@
 //! [`WorkerError`] naming it, and the child is always reaped.
 #![forbid(unsafe_code)]
 
+pub mod build_manifest;
 #[cfg(feature = "bundled")]
 pub mod bundled;
 pub mod engine;

@@ -621,7 +621,13 @@ fn two_builds(x: &Ctx, c: &mut Claims) -> Result<(), String> {
     let b = llama_trees::build_all();
     let model = x.gemma3()?;
     let side = |w: &Path| format!("worker={}", w.display());
-    let r = ab(x, &model, &side(&b.master), &side(&b.slow), "two-builds-slow")?;
+    let r = ab(
+        x,
+        &model,
+        &side(&b.master),
+        &side(&b.slow),
+        "two-builds-slow",
+    )?;
     let s = &r["scenarios"][0];
     c.says(
         "slowed GEGLU: control",
@@ -659,18 +665,32 @@ fn two_builds(x: &Ctx, c: &mut Claims) -> Result<(), String> {
         .ok_or("no op group timed")?;
     c.says(
         "slowed GEGLU: the op that moved most",
-        &format!("{} {} B/A {}", largest["op"], largest["name"], largest["ratio"]),
-        "GLU",
-        largest["op"] == "GLU",
+        &format!(
+            "{} {} B/A {}",
+            largest["op"], largest["name"], largest["ratio"]
+        ),
+        "GEGLU",
+        largest["op"] == "GEGLU",
     );
-    let r = ab(x, &model, &side(&b.master), &side(&b.master), "two-builds-aa")?;
+    let r = ab(
+        x,
+        &model,
+        &side(&b.master),
+        &side(&b.master),
+        "two-builds-aa",
+    )?;
     let verdict = r["verdict"].as_str().unwrap_or("none");
     let s = &r["scenarios"][0];
     c.says(
         "A/A of two processes of one build",
         &format!(
             "{verdict}: B/A {} [{}-{}], control {} [{}-{}]",
-            s["ratio"], s["ratio_lo"], s["ratio_hi"], s["control_ratio"], s["control_lo"], s["control_hi"]
+            s["ratio"],
+            s["ratio_lo"],
+            s["ratio_hi"],
+            s["control_ratio"],
+            s["control_lo"],
+            s["control_hi"]
         ),
         "no_change",
         verdict == "no_change",

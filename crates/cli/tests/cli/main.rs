@@ -130,14 +130,14 @@ mod import;
 mod import_device;
 mod ledger;
 mod llama_profile;
+#[path = "../shared/llama_trees.rs"]
+mod llama_trees;
 mod ops;
 mod published;
 mod report;
 mod rpc;
 mod soundness;
 mod sweep;
-#[path = "../shared/llama_trees.rs"]
-mod llama_trees;
 mod two_builds;
 mod waste;
 mod worker;

@@ -113,12 +113,12 @@ fn a_slowed_kernel_keeps_the_outputs_and_the_graph_and_is_timed_op_by_op() {
     let ops = d["ops"].as_array().unwrap();
     let glu = ops
         .iter()
-        .find(|o| o["op"] == "GLU")
-        .unwrap_or_else(|| panic!("no GLU group in {d}"));
+        .find(|o| o["op"] == "GEGLU")
+        .unwrap_or_else(|| panic!("no GEGLU group in {d}"));
     assert_eq!(glu["nodes"], 18, "{glu}");
     assert!(glu["a_ms_per_token"].as_f64().unwrap() > 0.0, "{glu}");
     eprintln!(
-        "two builds: GLU B/A {} [{}–{}] {}; the largest op groups: {}",
+        "two builds: GEGLU B/A {} [{}–{}] {}; the largest op groups: {}",
         glu["ratio"],
         glu["ratio_lo"],
         glu["ratio_hi"],
@@ -223,7 +223,7 @@ fn one_binary_at_two_paths_is_refused_as_two_builds() {
     std::fs::copy(&b.master, &copy).unwrap();
     let (code, r, err) = ab(&b.master, &copy, &dir.path().join("same"));
     assert_eq!(code, 2, "{err}\n{r}");
-    assert!(err.contains("same worker binary"), "{err}");
+    assert!(err.contains("are one binary"), "{err}");
     // nothing measured: no run folder left behind
     assert!(!dir.path().join("same").exists());
 }
