@@ -94,6 +94,38 @@ pub fn band_judgement(l: &LedgerRow) -> (String, String, String) {
     }
 }
 
+/// The columns of a scenario's band ledger in md and HTML ([`band_rows`]).
+pub const BAND_HEADER: [&str; 8] = [
+    "band",
+    "A ms/token",
+    "B ms/token",
+    "gap",
+    "B/A",
+    "interval",
+    "control A2/A",
+    "verdict",
+];
+
+/// A scenario's band ledger as table rows under [`BAND_HEADER`].
+pub fn band_rows(s: &ScenarioResult) -> Vec<Vec<String>> {
+    s.ledger
+        .iter()
+        .map(|l| {
+            let (interval, control, verdict) = band_judgement(l);
+            vec![
+                l.band.clone(),
+                format!("{:.4}", l.a_ms_per_token),
+                format!("{:.4}", l.b_ms_per_token),
+                format!("{:+.4}", l.gap_ms_per_token),
+                format!("{:.3}", l.ratio),
+                interval,
+                control,
+                verdict,
+            ]
+        })
+        .collect()
+}
+
 /// llama-bench's name of a scenario: `pp512`, `pp512 @ d4096`, `tg16`, `tg16 x4 @ d4096`.
 pub fn bench_test_name(w: &Work) -> String {
     let base = if w.is_decode() {
@@ -354,38 +386,13 @@ pub fn ab_markdown(model: &str, r: &AbReport) -> String {
         if s.ledger.is_empty() {
             continue;
         }
-        let rows: Vec<Vec<String>> = s
-            .ledger
-            .iter()
-            .map(|l| {
-                let (interval, control, verdict) = band_judgement(l);
-                vec![
-                    l.band.clone(),
-                    format!("{:.4}", l.a_ms_per_token),
-                    format!("{:.4}", l.b_ms_per_token),
-                    format!("{:+.4}", l.gap_ms_per_token),
-                    format!("{:.3}", l.ratio),
-                    interval,
-                    control,
-                    verdict,
-                ]
-            })
-            .collect();
+        let rows = band_rows(s);
         let _ = writeln!(
             out,
             "where the difference lives ({}), sorted by gap:\n\n{}\n",
             scenario_label(&s.work),
             markdown_table(
-                &[
-                    "band",
-                    "A ms/token",
-                    "B ms/token",
-                    "gap",
-                    "B/A",
-                    "interval",
-                    "control A2/A",
-                    "verdict"
-                ],
+                &BAND_HEADER,
                 &[
                     Align::Left,
                     Align::Right,

@@ -146,9 +146,10 @@ fn json_carries_its_schema_version() {
             &render(&view, Format::Json, &RenderOptions::default()).unwrap(),
         )
         .unwrap();
-        // ab.json is at version 3 (a typed verdict, inconclusive scenarios, a control that did
-        // not move sets the smallest effect)
-        let expected = if view.kind() == "ab" { 3 } else { 1 };
+        // ab.json is at version 4 (a typed verdict, inconclusive scenarios, a control that did
+        // not move sets the smallest effect; a control process, bands judged over the cycles,
+        // the output gate over every position)
+        let expected = if view.kind() == "ab" { 4 } else { 1 };
         assert_eq!(v["schema_version"], expected, "{}", view.kind());
     }
 }

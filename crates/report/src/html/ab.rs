@@ -139,35 +139,10 @@ fn band_tables(body: &mut String, r: &AbReport) {
             "<h3>Where the difference lives · {}</h3>",
             esc(&scenario_label(&s.work))
         );
-        let rows: Vec<Vec<String>> = s
-            .ledger
-            .iter()
-            .map(|l| {
-                let (interval, control, verdict) = crate::ab::band_judgement(l);
-                vec![
-                    l.band.clone(),
-                    format!("{:.4}", l.a_ms_per_token),
-                    format!("{:.4}", l.b_ms_per_token),
-                    format!("{:+.4}", l.gap_ms_per_token),
-                    format!("{:.3}", l.ratio),
-                    interval,
-                    control,
-                    verdict,
-                ]
-            })
-            .collect();
+        let rows = crate::ab::band_rows(s);
         table(
             body,
-            &[
-                "band",
-                "A ms/token",
-                "B ms/token",
-                "gap",
-                "B/A",
-                "interval",
-                "control A2/A",
-                "verdict",
-            ],
+            &crate::ab::BAND_HEADER,
             &[false, true, true, true, true, true, true, false],
             &text_rows(rows),
         );
