@@ -97,8 +97,9 @@ fn compare(
     ))
 }
 
-/// B against A on every scenario, then each knob B changes turned back alone (ablations); with
-/// what the engines that measured B against A said of themselves.
+/// B against A on every scenario, then each knob B changes turned back alone (ablations, when B
+/// changes more than one knob); with what the engines that measured B against A said of
+/// themselves.
 pub fn ab_with_ablations(
     file: &ModelFile,
     bands: &Bands,
@@ -120,7 +121,14 @@ pub fn ab_with_ablations(
         scenarios: cfg.scenarios.iter().take(1).cloned().collect(),
         ..cfg.clone()
     };
-    for knob in b.differences(a) {
+    let changes = b.differences(a);
+    // with one change, B without it is A: the control has measured that already
+    let ablated = if changes.len() > 1 {
+        changes
+    } else {
+        Vec::new()
+    };
+    for knob in ablated {
         let reverted = b.reverted(&knob, a);
         let (r, _) = compare(
             file,

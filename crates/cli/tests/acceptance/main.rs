@@ -486,7 +486,7 @@ fn replay_claims(c: &mut Claims, r: &opledger_core::replay::ReplayResult) {
 }
 
 fn replay_gemma3(x: &Ctx, c: &mut Claims) -> Result<(), String> {
-    use opledger_core::engine::{Engine, Work};
+    use opledger_core::engine::Work;
     let model = x.gemma3()?;
     let file = opledger_app::model::ModelFile::open(&model).map_err(|e| e.to_string())?;
     let rules =

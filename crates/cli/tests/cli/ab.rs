@@ -96,6 +96,8 @@ fn the_same_configuration_returns_bit_identical_output() {
         (Some(64), Some(8))
     );
     assert_eq!(g["tokens"].as_array().unwrap().len(), 9);
+    // one knob changed: B without it is A, which the control measured, so no ablation runs
+    assert_eq!(r["ablations"].as_array().unwrap().len(), 0, "{r}");
     let s = &r["scenarios"][0];
     // A, B and the control (a second process of A): one FUSED wall each per cycle
     assert_eq!(s["a_ms"].as_array().unwrap().len(), 4);
