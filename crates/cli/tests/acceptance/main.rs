@@ -631,7 +631,13 @@ fn two_builds(x: &Ctx, c: &mut Claims) -> Result<(), String> {
     let s = &r["scenarios"][0];
     c.says(
         "slowed GEGLU: control",
-        s["control_verdict"].as_str().unwrap_or("none"),
+        &format!(
+            "A2/A {} [{}-{}] {}",
+            s["control_ratio"],
+            s["control_lo"],
+            s["control_hi"],
+            s["control_verdict"].as_str().unwrap_or("none")
+        ),
         "not moved",
         !["faster", "slower"].contains(&s["control_verdict"].as_str().unwrap_or("")),
     );
