@@ -1,0 +1,215 @@
+//! `opledger bisect` over a git history the test makes from the vendored llama.cpp
+//! (tests/shared/llama_trees.rs, `history`): eight commits, the fourth unbuildable (a line that
+//! is not C++ in ggml-cpu's ops.cpp, removed by the next), the sixth computing SWIGLU 512 times
+//! over (the same values: the FFN activation of the tiny llama preset), the others harmless
+//! changes of a text file. On tiny-llama: `--band dense_ffn` names the slowed commit in at most
+//! four measured steps between the ends, the unbuildable commit is reported skipped with its
+//! build's last lines, the user's checkout is left as it was, the run re-renders from its
+//! folder; ends with only harmless changes between them are refused (exit 4) with their
+//! figures. The slowdown is many times any machine's noise, so the search is decisive here;
+//! the claims about its intervals and strength are `scripts/acceptance`'s group `bisect`.
+//! tiny-llama rather than Gemma 3 270M: the same patch of the same kind of op (a GLU), on a
+//! model that loads and runs a chunk in milliseconds, so the steps cost their builds only.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+use crate::llama_trees::{bisect_work_dir, history, History, BROKEN_AT, SLOWED_AT};
+
+fn made() -> &'static History {
+    static H: OnceLock<History> = OnceLock::new();
+    H.get_or_init(history)
+}
+
+fn model() -> &'static PathBuf {
+    static M: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &M.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let m = crate::synth(dir.path(), "tiny-llama");
+        (dir, m)
+    })
+    .1
+}
+
+/// `opledger bisect` over the history from `good` to `bad` (places in it): exit code, the
+/// report, stderr, and the seconds it took.
+fn bisect(good: usize, bad: usize, extra: &[&str], out: &Path) -> (i32, Value, String, f64) {
+    let h = made();
+    let t0 = std::time::Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args([
+            "bisect",
+            "-p",
+            "128",
+            "-t",
+            "1",
+            "--no-noise-gate",
+            "--json",
+        ])
+        .args(["--cycles", "6", "--max-cycles", "12", "--ends-cycles", "6"])
+        .arg("-m")
+        .arg(model())
+        .arg("--repo")
+        .arg(&h.repo)
+        .args(["--good", &h.commits[good], "--bad", &h.commits[bad]])
+        .arg("--work-dir")
+        .arg(bisect_work_dir())
+        .args(extra)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    let json = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    (
+        o.status.code().unwrap_or(-1),
+        json,
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+        secs,
+    )
+}
+
+fn git_status(repo: &Path) -> String {
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(["status", "--porcelain"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).into_owned()
+        + &String::from_utf8_lossy(
+            &Command::new("git")
+                .arg("-C")
+                .arg(repo)
+                .args(["rev-parse", "HEAD"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+}
+
+#[test]
+fn bisect_names_the_slowed_commit_and_skips_the_unbuildable_one() {
+    let h = made();
+    let _machine = crate::machine::shared();
+    let before = git_status(&h.repo);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bisect");
+    let (code, r, err, secs) = bisect(0, h.commits.len() - 1, &["--band", "dense_ffn"], &out);
+    eprintln!("bisect: {secs:.0} s\n{err}");
+    assert_eq!(code, 0, "{err}\n{r}");
+    // the slowed commit named, by its hash
+    assert_eq!(r["found"]["kind"], "first_bad", "{}", r["found"]);
+    let index = r["found"]["index"].as_u64().unwrap() as usize;
+    assert_eq!(index, SLOWED_AT, "{err}");
+    assert_eq!(r["candidates"][index]["id"], h.commits[SLOWED_AT]);
+    assert_eq!(r["candidates"].as_array().unwrap().len(), h.commits.len());
+    // in at most four measured steps between the ends
+    let steps = r["steps"].as_array().unwrap();
+    let measured = steps.iter().filter(|s| s["decision"] != "skipped").count();
+    assert!(measured <= 4, "{measured} measured steps: {steps:?}");
+    // the unbuildable commit was tried (the first middle) and skipped with its build's words
+    let broken = steps
+        .iter()
+        .find(|s| s["index"] == BROKEN_AT)
+        .unwrap_or_else(|| panic!("the unbuildable commit was not tried: {steps:?}"));
+    assert_eq!(broken["decision"], "skipped");
+    assert_eq!(broken["skipped_because"], "it does not build");
+    let tail = broken["build_log_tail"].as_array().unwrap();
+    assert!(
+        tail.iter().any(|l| l.as_str().unwrap().contains("error")),
+        "{tail:?}"
+    );
+    // every measured step was decided, with its intervals, on the side the history says
+    for s in steps.iter().filter(|s| s["decision"] != "skipped") {
+        let i = s["index"].as_u64().unwrap() as usize;
+        let expected = if i >= SLOWED_AT { "bad" } else { "good" };
+        assert_eq!(s["decision"], expected, "{s}");
+        for k in ["mid_good", "mid_bad"] {
+            let lo = s[k]["lo"].as_f64().unwrap();
+            let hi = s[k]["hi"].as_f64().unwrap();
+            assert!(lo.is_finite() && hi.is_finite() && lo <= hi, "{s}");
+        }
+    }
+    // the first bad against its parent: its subject, the file it touched, the same output, the
+    // band table and the op diff
+    let fb = &r["first_bad"];
+    assert_eq!(fb["parent"], SLOWED_AT - 1);
+    assert_eq!(
+        fb["described"]["subject"],
+        "ggml-cpu: swiglu computed 512 times"
+    );
+    assert_eq!(
+        fb["described"]["files"],
+        serde_json::json!(["ggml/src/ggml-cpu/ops.cpp"])
+    );
+    let s = &fb["scenario"];
+    assert_eq!(s["outputs"]["passed"], true, "{}", s["outputs"]);
+    assert!(s["ledger"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|l| l["band"] == "dense_ffn"));
+    assert!(s["op_diff"]["ops"]
+        .as_array()
+        .is_some_and(|o| !o.is_empty()));
+    // the times are there
+    for k in ["build_seconds", "measure_seconds", "total_seconds"] {
+        assert!(r["wall"][k]
+            .as_f64()
+            .is_some_and(|v| v.is_finite() && v >= 0.0));
+    }
+    // the user's checkout is as it was: opledger worked in worktrees of its own
+    assert_eq!(git_status(&h.repo), before);
+    // the run re-renders from its folder: the JSON byte for byte, HTML with one row per step
+    let again = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["report", "--format", "json"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    assert_eq!(
+        again.stdout,
+        std::fs::read(out.join("bisect.json")).unwrap()
+    );
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    for st in steps {
+        assert!(html.contains(&st["label"].as_str().unwrap().replace('&', "&amp;")));
+    }
+    let text = std::fs::read_to_string(out.join("table.txt")).unwrap();
+    assert!(text.contains("first bad: "), "{text}");
+    assert_eq!(
+        std::fs::read_dir(out.join("steps")).unwrap().count(),
+        steps.len()
+    );
+    eprintln!(
+        "bisect: {:.0} s in all: builds {:.0} s, measurement {:.0} s",
+        r["wall"]["total_seconds"], r["wall"]["build_seconds"], r["wall"]["measure_seconds"]
+    );
+}
+
+#[test]
+fn ends_that_do_not_differ_are_refused_with_their_figures() {
+    let _machine = crate::machine::shared();
+    let dir = tempfile::tempdir().unwrap();
+    // the vendored tree and two notes later: the same code
+    let (code, r, err, secs) = bisect(0, 2, &["--band", "dense_ffn"], &dir.path().join("b"));
+    eprintln!("bisect of harmless ends: {secs:.0} s");
+    assert_eq!(code, 4, "{err}\n{r}");
+    assert_eq!(r["found"]["kind"], "refused");
+    let why = r["found"]["why"].as_str().unwrap();
+    assert!(
+        why.starts_with("nothing to bisect: band dense_ffn did not move"),
+        "{why}"
+    );
+    assert!(why.contains("bad/good"), "{why}");
+    assert!(err.contains("bisect refused: nothing to bisect"), "{err}");
+    assert!(r["steps"].as_array().unwrap().is_empty());
+    let t = &r["ends"]["target"];
+    for k in ["lo", "hi", "ratio"] {
+        assert!(t["bad_good"][k].as_f64().is_some_and(f64::is_finite), "{t}");
+    }
+}
