@@ -164,17 +164,24 @@ fn bisect_names_the_slowed_commit_and_skips_the_unbuildable_one() {
     }
     // the user's checkout is as it was: opledger worked in worktrees of its own
     assert_eq!(git_status(&h.repo), before);
-    // the run re-renders from its folder: the JSON byte for byte, HTML with one row per step
-    let again = Command::new(env!("CARGO_BIN_EXE_opledger"))
-        .args(["report", "--format", "json"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(again.status.success());
-    assert_eq!(
-        again.stdout,
-        std::fs::read(out.join("bisect.json")).unwrap()
-    );
+    // the run re-renders from its folder byte for byte; its HTML has a row per step
+    for (format, file) in [
+        ("json", "bisect.json"),
+        ("text", "table.txt"),
+        ("md", "summary.md"),
+        ("html", "report.html"),
+    ] {
+        let again = Command::new(env!("CARGO_BIN_EXE_opledger"))
+            .args(["report", "--format", format])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(again.status.success(), "{format}");
+        assert!(
+            again.stdout == std::fs::read(out.join(file)).unwrap(),
+            "report --format {format} differs from {file}"
+        );
+    }
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     for st in steps {
         assert!(html.contains(&st["label"].as_str().unwrap().replace('&', "&amp;")));
@@ -185,6 +192,30 @@ fn bisect_names_the_slowed_commit_and_skips_the_unbuildable_one() {
         std::fs::read_dir(out.join("steps")).unwrap().count(),
         steps.len()
     );
+    // killed after its first step: a folder holding the request, the ends and that step
+    // resumes from them and ends where the whole bisect did, its first step not built again
+    let cut = dir.path().join("cut");
+    std::fs::create_dir_all(cut.join("steps")).unwrap();
+    for f in ["request.json", "ends.json", "steps/001.json"] {
+        std::fs::copy(out.join(f), cut.join(f)).unwrap();
+    }
+    std::fs::write(cut.join("INCOMPLETE"), "this run folder is being written\n").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["bisect", "--no-noise-gate", "--json", "--resume"])
+        .arg(&cut)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let resumed: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(resumed["found"], r["found"], "{err}");
+    assert_eq!(resumed["steps"][0], r["steps"][0]);
+    assert!(err.contains("the ends: measured before (resumed)"), "{err}");
+    assert!(
+        err.contains("step 1: ") && err.contains("(resumed)"),
+        "{err}"
+    );
+    assert!(!cut.join("INCOMPLETE").exists());
     eprintln!(
         "bisect: {:.0} s in all: builds {:.0} s, measurement {:.0} s",
         r["wall"]["total_seconds"], r["wall"]["build_seconds"], r["wall"]["measure_seconds"]
