@@ -49,7 +49,7 @@ fn bisect(good: usize, bad: usize, extra: &[&str], out: &Path) -> (i32, Value, S
             "--no-noise-gate",
             "--json",
         ])
-        .args(["--cycles", "6", "--max-cycles", "12", "--ends-cycles", "6"])
+        .args(["--cycles", "6", "--max-cycles", "24", "--ends-cycles", "6"])
         .arg("-m")
         .arg(model())
         .arg("--repo")
@@ -243,4 +243,103 @@ fn ends_that_do_not_differ_are_refused_with_their_figures() {
     for k in ["lo", "hi", "ratio"] {
         assert!(t["bad_good"][k].as_f64().is_some_and(f64::is_finite), "{t}");
     }
+    // the same two trees given as --trees (opledger's worktrees of those commits, built
+    // already): the same refusal, the trees named by their folders
+    let h = made();
+    let tree = |i: usize| {
+        bisect_work_dir()
+            .join("worktrees")
+            .join(&h.commits[i][..16])
+    };
+    let o = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args([
+            "bisect",
+            "-p",
+            "128",
+            "-t",
+            "1",
+            "--no-noise-gate",
+            "--json",
+        ])
+        .args(["--band", "dense_ffn", "-m"])
+        .arg(model())
+        .arg("--trees")
+        .args([tree(0), tree(2)])
+        .arg("-o")
+        .arg(dir.path().join("trees"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(4), "{err}");
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["found"]["kind"], "refused");
+    assert_eq!(r["candidates"][0]["label"], &h.commits[0][..16]);
+}
+
+#[test]
+fn bad_arguments_are_refused_in_words_before_anything_is_built() {
+    let h = made();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_opledger"))
+            .arg("bisect")
+            .arg("-m")
+            .arg(model())
+            .args(args)
+            .arg("-o")
+            .arg(dir.path().join(format!("r{}", args.len())))
+            .output()
+            .unwrap();
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let repo = h.repo.to_str().unwrap();
+    let (good, bad) = (h.commits[0].as_str(), h.commits[7].as_str());
+    let (code, err) = run(&[
+        "--repo", repo, "--good", good, "--bad", bad, "--band", "nope",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--band nope: no such band (the bands: "),
+        "{err}"
+    );
+    // the ends the wrong way round
+    let (code, err) = run(&["--repo", repo, "--good", bad, "--bad", good]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("is not an ancestor of --bad"), "{err}");
+    let (code, err) = run(&["--repo", repo, "--good", good, "--bad", "no-such-ref"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--bad no-such-ref: no such commit in"),
+        "{err}"
+    );
+    let not_git = dir.path().to_str().unwrap();
+    let (code, err) = run(&["--repo", not_git, "--good", "a", "--bad", "b"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not a git checkout"), "{err}");
+    let (code, err) = run(&[
+        "--repo",
+        repo,
+        "--good",
+        good,
+        "--bad",
+        bad,
+        "--build-worker",
+        "/nonexistent/build-worker",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("/nonexistent/build-worker: the worker's build script is not there"),
+        "{err}"
+    );
+    let (code, err) = run(&["--trees", not_git, not_git]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not a llama.cpp source tree"), "{err}");
+    // nothing was left behind: every refused bisect's folder removed or never made
+    assert!(std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .all(|e| !e.file_name().to_string_lossy().starts_with('r')));
 }
