@@ -230,3 +230,174 @@ pub fn bisect_markdown(r: &BisectReport) -> String {
     out.push_str(&format!("\n{}\n", time_line(r)));
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opledger_core::ab::Verdict;
+    use opledger_core::bisect::{
+        BisectConfig, Candidate, Ends, EndsFigure, Interval, Target, WallTime,
+        BISECT_SCHEMA_VERSION,
+    };
+
+    fn figure(what: &str, ratio: f64, verdict: Verdict) -> EndsFigure {
+        EndsFigure {
+            what: what.into(),
+            good_ms_per_token: 1.0,
+            bad_ms_per_token: ratio,
+            bad_good: Interval {
+                ratio,
+                lo: ratio * 0.9,
+                hi: ratio * 1.1,
+            },
+            control: Interval {
+                ratio: 1.0,
+                lo: 0.98,
+                hi: 1.02,
+            },
+            verdict,
+            good_cycles: vec![],
+            bad_cycles: vec![],
+            control_cycles: vec![],
+        }
+    }
+
+    fn step(number: u32, index: usize, decision: Decision) -> Step {
+        let measured = decision != Decision::Skipped;
+        Step {
+            schema_version: BISECT_SCHEMA_VERSION,
+            number,
+            index,
+            id: format!("c{index}"),
+            label: format!("c{index} subject | with a bar"),
+            decision,
+            skipped_because: (!measured).then(|| "it does not build".into()),
+            build_log_tail: if measured {
+                vec![]
+            } else {
+                vec!["ops.cpp:1:1: error: expected unqualified-id".into()]
+            },
+            build_seconds: 12.4,
+            measure_seconds: if measured { 3.0 } else { 0.0 },
+            cycles: if measured { 6 } else { 0 },
+            mid_good: measured.then_some(Interval {
+                ratio: 1.01,
+                lo: 0.95,
+                hi: 1.08,
+            }),
+            mid_bad: measured.then_some(Interval {
+                ratio: 0.1,
+                lo: 0.09,
+                hi: 0.11,
+            }),
+            level: 0.975,
+            bound: 3.0,
+            good_cycles: vec![],
+            mid_cycles: vec![],
+            bad_cycles: vec![],
+        }
+    }
+
+    fn report() -> BisectReport {
+        BisectReport {
+            schema_version: BISECT_SCHEMA_VERSION,
+            config: BisectConfig {
+                work: opledger_core::engine::Work::prefill(128, 0),
+                target: Target::Band("dense_ffn".into()),
+                ends_cycles: 6,
+                cycles: 6,
+                max_cycles: 12,
+                min_effect: 0.05,
+                resamples: 100,
+                seed: 1,
+                gate: Default::default(),
+                outputs: Default::default(),
+            },
+            candidates: (0..6)
+                .map(|i| Candidate {
+                    id: format!("c{i}"),
+                    label: format!("c{i} subject | with a bar"),
+                })
+                .collect(),
+            ends: Ends {
+                schema_version: BISECT_SCHEMA_VERSION,
+                cycles: 6,
+                outputs_passed: true,
+                outputs_refusal: None,
+                target: figure("band dense_ffn", 9.0, Verdict::Slower),
+                total: figure("the total", 4.0, Verdict::Slower),
+                build_seconds: 30.0,
+                measure_seconds: 5.0,
+            },
+            steps: vec![
+                step(1, 2, Decision::Skipped),
+                step(2, 3, Decision::Good),
+                step(3, 4, Decision::Skipped),
+            ],
+            found: Found::Range {
+                good: 3,
+                bad: 5,
+                why: "every candidate between was skipped".into(),
+            },
+            first_bad: None,
+            wall: WallTime {
+                build_seconds: 55.0,
+                measure_seconds: 8.0,
+                total_seconds: 64.0,
+            },
+        }
+    }
+
+    #[test]
+    fn a_bisect_renders_one_row_per_step_and_what_it_found() {
+        let r = report();
+        let rows = step_rows(&r);
+        assert_eq!(rows.len(), 3);
+        assert_eq!(
+            rows[0],
+            vec![
+                "1",
+                "c2 subject | with a bar",
+                "12",
+                "0",
+                "0",
+                "–",
+                "–",
+                "skipped: it does not build"
+            ]
+        );
+        assert_eq!(rows[1][5], "1.010 [0.950–1.080]");
+        assert_eq!(rows[1][7], "good");
+        let text = bisect_text(&r);
+        assert!(
+            text.contains("band dense_ffn: bad/good 9.000 [8.100–9.900]"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "step 1 (c2 subject | with a bar): the build's last lines:\n  ops.cpp:1:1: error"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            "the first bad lies after c3 subject | with a bar and at or before c5 subject | with a bar (2 candidates): every candidate between was skipped"
+        ), "{text}");
+        assert!(
+            text.ends_with(
+                "time: 64 s in all; builds 55 s, measurement 8 s; 3 steps, 1 measured\n"
+            ),
+            "{text}"
+        );
+        // a cell's bar is escaped in markdown, the table keeps its columns
+        let md = bisect_markdown(&r);
+        assert!(md.contains("c2 subject \\| with a bar"), "{md}");
+        let refused = BisectReport {
+            found: Found::Refused {
+                why: "nothing to bisect: ...".into(),
+            },
+            steps: vec![],
+            ..r
+        };
+        assert!(bisect_text(&refused).contains("refused: nothing to bisect: ..."));
+    }
+}
