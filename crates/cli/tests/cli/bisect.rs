@@ -94,7 +94,9 @@ fn git_status(repo: &Path) -> String {
 #[test]
 fn bisect_names_the_slowed_commit_and_skips_the_unbuildable_one() {
     let h = made();
-    let _machine = crate::machine::shared();
+    // the machine alone: the method is decisive by construction, but beside the other tests
+    // of this binary the ends' control was seen at 1.81 [0.69-4.24] (not moved, still)
+    let _machine = crate::machine::alone();
     let before = git_status(&h.repo);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("bisect");
