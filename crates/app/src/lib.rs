@@ -8,6 +8,7 @@
 
 pub mod ab;
 pub mod bands;
+pub mod bisect;
 pub mod builds;
 pub mod engines;
 pub mod graph;

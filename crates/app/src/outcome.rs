@@ -41,6 +41,12 @@ pub enum Exit {
     Inconclusive,
     /// `compare --fail-above`: these bands regressed: (band, detail).
     Regressed(Vec<(String, String)>),
+    /// `bisect`: the ends do not differ beyond the noise (or their outputs differ), so there is
+    /// nothing to bisect; exits [`REFUSED`] with why, in figures.
+    NothingToBisect(String),
+    /// `bisect`: a step stayed undecided after the most cycles allowed; the range it narrowed
+    /// to is reported and it exits [`INCONCLUSIVE`].
+    Undecided(String),
 }
 
 impl Exit {
@@ -51,6 +57,8 @@ impl Exit {
             Exit::Refused => REFUSED,
             Exit::Inconclusive => INCONCLUSIVE,
             Exit::Regressed(_) => REGRESSED,
+            Exit::NothingToBisect(_) => REFUSED,
+            Exit::Undecided(_) => INCONCLUSIVE,
         }
     }
 
@@ -68,6 +76,8 @@ impl Exit {
                 .iter()
                 .map(|(band, detail)| format!("regressed: {band}: {detail}"))
                 .collect(),
+            Exit::NothingToBisect(why) => vec![format!("bisect refused: {why}")],
+            Exit::Undecided(why) => vec![format!("bisect undecided: {why}")],
         }
     }
 
@@ -80,7 +90,9 @@ impl Exit {
             }
             (a @ Exit::CheckFailed(_), _) | (_, a @ Exit::CheckFailed(_)) => a,
             (Exit::Refused, _) | (_, Exit::Refused) => Exit::Refused,
+            (a @ Exit::NothingToBisect(_), _) | (_, a @ Exit::NothingToBisect(_)) => a,
             (Exit::Inconclusive, _) | (_, Exit::Inconclusive) => Exit::Inconclusive,
+            (a @ Exit::Undecided(_), _) | (_, a @ Exit::Undecided(_)) => a,
             (Exit::Regressed(mut a), Exit::Regressed(b)) => {
                 a.extend(b);
                 Exit::Regressed(a)
@@ -110,6 +122,18 @@ pub fn of_ab(verdict: AbOutcome) -> Exit {
     match verdict {
         AbOutcome::Refused => Exit::Refused,
         AbOutcome::Inconclusive => Exit::Inconclusive,
+        _ => Exit::Ok,
+    }
+}
+
+/// A bisect's result: its ends refused (nothing to bisect), a step undecided, else found.
+pub fn of_bisect(r: &opledger_core::bisect::BisectReport) -> Exit {
+    use opledger_core::bisect::{Decision, Found};
+    match &r.found {
+        Found::Refused { why } => Exit::NothingToBisect(why.clone()),
+        Found::Range { why, .. } if r.steps.iter().any(|s| s.decision == Decision::Undecided) => {
+            Exit::Undecided(why.clone())
+        }
         _ => Exit::Ok,
     }
 }

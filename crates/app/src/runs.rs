@@ -66,6 +66,10 @@ pub enum StoredRun {
         manifest: Manifest,
         summary: OpsSummary,
     },
+    Bisect {
+        manifest: Manifest,
+        report: opledger_core::bisect::BisectReport,
+    },
 }
 
 impl StoredRun {
@@ -79,6 +83,7 @@ impl StoredRun {
             StoredRun::Waste { .. } => "waste",
             StoredRun::Ledger { .. } => "ledger",
             StoredRun::Ops { .. } => "ops",
+            StoredRun::Bisect { .. } => "bisect",
         }
     }
 }
@@ -99,6 +104,7 @@ pub fn written_formats(kind: &str) -> &'static [Format] {
         ],
         "sweep" => &[Format::Json, Format::Text, Format::Bands, Format::Svg],
         "waste" => &[Format::Json, Format::Text, Format::Md, Format::Nodes],
+        "bisect" => &[Format::Json, Format::Text, Format::Md, Format::Html],
         _ => &[],
     }
 }
@@ -153,6 +159,13 @@ pub fn read(dir: &Path) -> Result<StoredRun> {
         },
         "ops" => StoredRun::Ops {
             summary: read_versioned(&dir.join("ops.json"), OPS_SCHEMA_VERSION)?,
+            manifest,
+        },
+        "bisect" => StoredRun::Bisect {
+            report: read_versioned(
+                &dir.join("bisect.json"),
+                opledger_core::bisect::BISECT_SCHEMA_VERSION,
+            )?,
             manifest,
         },
         other => bail!(
@@ -277,6 +290,9 @@ pub fn view(run: &StoredRun) -> Result<RunView<'_>> {
         ),
         StoredRun::Ledger { manifest, report } => RunView::Ledger(LedgerView { manifest, report }),
         StoredRun::Ops { manifest, summary } => RunView::Ops(OpsView { manifest, summary }),
+        StoredRun::Bisect { manifest, report } => {
+            RunView::Bisect(opledger_report::BisectView { manifest, report })
+        }
     })
 }
 
@@ -295,6 +311,7 @@ pub fn outcome(view: &RunView) -> crate::outcome::Exit {
         RunView::Discover(v) => v.report.outcome().map_or(Exit::Ok, of_ab),
         RunView::Ledger(v) => crate::ledger::exit(v.report),
         RunView::Waste(_) | RunView::Ops(_) => Exit::Ok,
+        RunView::Bisect(v) => crate::outcome::of_bisect(v.report),
     }
 }
 
@@ -453,6 +470,20 @@ pub fn write_ops(
     folder.write_json("manifest.json", manifest)?;
     folder.write_json_compact("raw.json", raw)?;
     write_all(folder, &RunView::Ops(OpsView { manifest, summary }))
+}
+
+/// Writes a bisect run's result (its ends and steps are in the folder already): the manifest,
+/// then `bisect.json` and its renderings.
+pub fn write_bisect(
+    folder: &RunFolder,
+    manifest: &Manifest,
+    report: &opledger_core::bisect::BisectReport,
+) -> Result<()> {
+    folder.write_json("manifest.json", manifest)?;
+    write_all(
+        folder,
+        &RunView::Bisect(opledger_report::BisectView { manifest, report }),
+    )
 }
 
 /// Writes the renderings a command writes for this kind of run.

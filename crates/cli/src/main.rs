@@ -37,6 +37,10 @@ enum Command {
     Ab(opledger::cmd::ab::AbArgs),
     /// Search a grid of runtime knobs for the fastest configuration that returns the same output.
     Discover(opledger::cmd::ab::DiscoverArgs),
+    /// Which commit of a llama.cpp checkout (or which of a list of trees) first moved a band,
+    /// the total or an op: each step built, measured against both ends with a control and an
+    /// output gate, stored as it ends.
+    Bisect(opledger::cmd::bisect::BisectArgs),
     /// Import a trace an engine wrote of itself (Chrome trace-event JSON): bands by pattern
     /// rules, written as a run that `report` and `compare` take.
     Import(opledger::cmd::import::ImportArgs),
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
         Command::Ledger(a) => opledger::cmd::ledger::run_ledger(a),
         Command::Ab(a) => opledger::cmd::ab::run_ab(a),
         Command::Discover(a) => opledger::cmd::ab::run_discover(a),
+        Command::Bisect(a) => opledger::cmd::bisect::run(a),
         Command::Import(a) => opledger::cmd::import::run(a),
         Command::Report(a) => opledger::cmd::report::run(a),
         Command::Waste(a) => opledger::cmd::waste::run(a),

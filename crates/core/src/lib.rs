@@ -6,6 +6,7 @@
 pub mod ab;
 pub mod arch;
 pub mod band;
+pub mod bisect;
 pub mod calibration;
 pub mod census;
 pub mod device;

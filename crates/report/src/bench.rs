@@ -226,9 +226,11 @@ pub fn rows(view: &RunView) -> Vec<BenchRow> {
             )]
         }
         // their commands write their own tables, not llama-bench rows
-        RunView::Parallel(_) | RunView::Discover(_) | RunView::Ledger(_) | RunView::Ops(_) => {
-            Vec::new()
-        }
+        RunView::Parallel(_)
+        | RunView::Discover(_)
+        | RunView::Ledger(_)
+        | RunView::Ops(_)
+        | RunView::Bisect(_) => Vec::new(),
     }
 }
 

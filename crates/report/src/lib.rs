@@ -6,6 +6,7 @@
 
 pub mod ab;
 pub mod bench;
+pub mod bisect;
 pub mod census;
 pub mod device;
 pub mod html;
@@ -28,6 +29,6 @@ pub use nodes::nodes_csv;
 pub use profile::{bands_csv, profile_markdown, profile_text};
 pub use render::{render, Format, RenderError, RenderOptions};
 pub use view::{
-    AbView, DiscoverView, LedgerView, OpsView, ParallelView, ProfileView, RunView, SweepView,
-    WasteView,
+    AbView, BisectView, DiscoverView, LedgerView, OpsView, ParallelView, ProfileView, RunView,
+    SweepView, WasteView,
 };

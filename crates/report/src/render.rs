@@ -125,7 +125,11 @@ pub fn file_name(view: &RunView, format: Format) -> Option<&'static str> {
         (Format::Csv, Ledger(_)) => "ledger.csv",
         (Format::Json, Ledger(_)) => "ledger.json",
         (Format::Json, Ops(_)) => "ops.json",
-        (Format::Text, Discover(_) | Ledger(_) | Ops(_)) => "table.txt",
+        (Format::Json, Bisect(_)) => "bisect.json",
+        (Format::Text, Discover(_) | Ledger(_) | Ops(_) | Bisect(_)) => "table.txt",
+        (Format::Md, Bisect(_)) => "summary.md",
+        (Format::Html, Bisect(_)) => "report.html",
+        (_, Bisect(_)) => return None,
         (_, Parallel(_) | Discover(_) | Ledger(_) | Ops(_)) => return None,
         (Format::Text, _) => "table.txt",
         (Format::Md, _) => "summary.md",
@@ -194,6 +198,9 @@ pub fn render(
             crate::ops::ops_text(&crate::ops::ops_title(v.manifest), v.summary).into_bytes()
         }
         (Format::Json, RunView::Ops(v)) => pretty_json(v.summary)?,
+        (Format::Text, RunView::Bisect(v)) => crate::bisect::bisect_text(v.report).into_bytes(),
+        (Format::Md, RunView::Bisect(v)) => crate::bisect::bisect_markdown(v.report).into_bytes(),
+        (Format::Json, RunView::Bisect(v)) => pretty_json(v.report)?,
         (Format::Jsonl, RunView::Profile(v)) => {
             let records = opledger_core::records::profile_to_records(
                 &v.manifest.engine.engine,

@@ -281,6 +281,13 @@ pub struct OpsView<'a> {
     pub summary: &'a OpsSummary,
 }
 
+/// A bisect: `manifest.json` and `bisect.json`.
+#[derive(Debug, Clone)]
+pub struct BisectView<'a> {
+    pub manifest: &'a Manifest,
+    pub report: &'a opledger_core::bisect::BisectReport,
+}
+
 /// Any stored run. One exists at a time (never in collections), so the size difference between
 /// the variants costs nothing worth a box.
 #[derive(Debug, Clone)]
@@ -294,6 +301,7 @@ pub enum RunView<'a> {
     Discover(DiscoverView<'a>),
     Ledger(LedgerView<'a>),
     Ops(OpsView<'a>),
+    Bisect(BisectView<'a>),
 }
 
 impl RunView<'_> {
@@ -307,6 +315,7 @@ impl RunView<'_> {
             RunView::Discover(v) => v.manifest,
             RunView::Ledger(v) => v.manifest,
             RunView::Ops(v) => v.manifest,
+            RunView::Bisect(v) => v.manifest,
         }
     }
 
@@ -321,6 +330,7 @@ impl RunView<'_> {
             RunView::Discover(_) => "discover",
             RunView::Ledger(_) => "ledger",
             RunView::Ops(_) => "ops",
+            RunView::Bisect(_) => "bisect",
         }
     }
 }

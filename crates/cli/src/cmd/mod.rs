@@ -1,6 +1,7 @@
 //! One file per subcommand: arguments, conversion to a configuration, wiring.
 
 pub mod ab;
+pub mod bisect;
 pub mod common;
 pub mod flags;
 pub mod graph;

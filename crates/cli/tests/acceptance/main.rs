@@ -133,6 +133,11 @@ const GROUPS: &[(&str, &str, Group)] = &[
         "Gemma 3 270M, workers from copies of the vendored llama.cpp: GEGLU 64x slower is the one band slower and the op that moved most; an A/A of two processes no change",
         two_builds,
     ),
+    (
+        "bisect",
+        "tiny-llama over a git history of the vendored llama.cpp (SWIGLU 512x slower in one commit): dense_ffn named with every step decided, the first bad's band and op; the attention band and harmless ends refused",
+        bisect,
+    ),
 ];
 
 struct Ctx {
@@ -884,6 +889,182 @@ fn ops_worker(x: &Ctx, c: &mut Claims) -> Result<(), String> {
             "GFLOP/s bundled {:.1} ({:.1}-{:.1}), built here {:.1} ({:.1}-{:.1})",
             peaks[0][1], peaks[0][0], peaks[0][2], peaks[1][1], peaks[1][0], peaks[1][2]
         ),
+    );
+    Ok(())
+}
+
+/// `opledger bisect` over [`llama_trees::history`] from `good` to `bad` on tiny-llama, one
+/// thread (as the CI test: two threads' spin barriers on a machine shared with other work
+/// turned the ends' control 0.62 [0.27-2.67] in a trial run): its exit code and report.
+fn bisect_run(
+    x: &Ctx,
+    good: usize,
+    bad: usize,
+    band: &str,
+    name: &str,
+) -> Result<(i32, serde_json::Value), String> {
+    let h = llama_trees::history();
+    let model = x.synth("tiny-llama")?;
+    let out = x.path(name);
+    let o = Command::new(bin())
+        .args([
+            "bisect",
+            "-p",
+            "128",
+            "-t",
+            "1",
+            "--json",
+            "--band",
+            band,
+            "--good",
+            &h.commits[good],
+            "--bad",
+            &h.commits[bad],
+        ])
+        .arg("-m")
+        .arg(&model)
+        .arg("--repo")
+        .arg(&h.repo)
+        .arg("--work-dir")
+        .arg(llama_trees::bisect_work_dir())
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .map_err(|e| format!("running opledger bisect: {e}"))?;
+    let code = o.status.code().unwrap_or(-1);
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).map_err(|e| {
+        format!(
+            "bisect {name}: exit {code}, no JSON ({e}): {}",
+            tail(&String::from_utf8_lossy(&o.stderr))
+        )
+    })?;
+    Ok((code, r))
+}
+
+fn bisect(x: &Ctx, c: &mut Claims) -> Result<(), String> {
+    let n = llama_trees::history().commits.len();
+    let (code, r) = bisect_run(x, 0, n - 1, "dense_ffn", "bisect-ffn")?;
+    let t = &r["ends"]["target"];
+    c.add(
+        "ends: dense_ffn bad/good, interval's low end",
+        num(&t["bad_good"]["lo"], "lo")?,
+        "> 2 and slower",
+        num(&t["bad_good"]["lo"], "lo")? > 2.0 && t["verdict"] == "slower",
+        format!("{} {}", t["bad_good"], t["verdict"]),
+    );
+    c.says(
+        "ends: the control (good's second process)",
+        &t["control"].to_string(),
+        "within ±5 % (not moved)",
+        num(&t["control"]["lo"], "lo")? >= 0.95 && num(&t["control"]["hi"], "hi")? <= 1.05,
+    );
+    let steps = r["steps"].as_array().ok_or("no steps")?;
+    let measured: Vec<&serde_json::Value> = steps
+        .iter()
+        .filter(|s| s["decision"] != "skipped")
+        .collect();
+    c.says(
+        "the commit named",
+        &format!("exit {code}: {}", r["found"]),
+        &format!("first bad at {}", llama_trees::SLOWED_AT),
+        code == 0
+            && r["found"]["kind"] == "first_bad"
+            && r["found"]["index"] == llama_trees::SLOWED_AT,
+    );
+    c.add(
+        "measured steps",
+        measured.len() as f64,
+        "1 to 4",
+        !measured.is_empty() && measured.len() <= 4,
+        String::new(),
+    );
+    let skipped: Vec<&serde_json::Value> = steps
+        .iter()
+        .filter(|s| s["decision"] == "skipped")
+        .collect();
+    c.says(
+        "the unbuildable commit skipped",
+        &format!("{} skipped", skipped.len()),
+        &format!("the one at {}", llama_trees::BROKEN_AT),
+        skipped.len() == 1 && skipped[0]["index"] == llama_trees::BROKEN_AT,
+    );
+    for s in &measured {
+        let cycles = num(&s["cycles"], "cycles")?;
+        c.add(
+            &format!("step {}: decided in its first round", s["number"]),
+            cycles,
+            "4 cycles (--cycles), good or bad",
+            cycles <= 4.0 && (s["decision"] == "good" || s["decision"] == "bad"),
+            format!(
+                "mid/good {} mid/bad {} {}",
+                s["mid_good"], s["mid_bad"], s["decision"]
+            ),
+        );
+    }
+    let fb = &r["first_bad"]["scenario"];
+    for row in fb["ledger"].as_array().ok_or("no band table")? {
+        let band = row["band"].as_str().unwrap_or("?");
+        let verdict = row["judged"]["verdict"].as_str().unwrap_or("none");
+        let (expected, pass) = if band == "dense_ffn" {
+            ("slower", verdict == "slower")
+        } else {
+            ("no verdict", verdict != "slower" && verdict != "faster")
+        };
+        c.add(
+            &format!("first bad against its parent: {band}"),
+            num(&row["ratio"], "ratio")?,
+            expected,
+            pass,
+            verdict.to_string(),
+        );
+    }
+    let largest = fb["op_diff"]["ops"]
+        .as_array()
+        .ok_or("no op diff")?
+        .iter()
+        .filter(|o| o["ratio"].is_number())
+        .max_by(|p, q| {
+            p["ratio"]
+                .as_f64()
+                .unwrap_or(0.0)
+                .total_cmp(&q["ratio"].as_f64().unwrap_or(0.0))
+        })
+        .ok_or("no op group timed")?;
+    c.says(
+        "first bad against its parent: the op that moved most",
+        &format!(
+            "{} {} B/A {}",
+            largest["op"], largest["name"], largest["ratio"]
+        ),
+        "SWIGLU",
+        largest["op"] == "SWIGLU",
+    );
+    c.add(
+        "wall time: builds",
+        num(&r["wall"]["build_seconds"], "builds")?,
+        "reported",
+        true,
+        format!(
+            "measurement {} s, in all {} s",
+            r["wall"]["measure_seconds"], r["wall"]["total_seconds"]
+        ),
+    );
+    // a band that did not move while the total did
+    let (code, r) = bisect_run(x, 0, n - 1, "attention", "bisect-attention")?;
+    let why = r["found"]["why"].as_str().unwrap_or("");
+    c.says(
+        "attention between the same ends: refused, the total moved",
+        why,
+        "exit 4, did not move while the total did",
+        code == 4 && why.contains("did not move") && why.contains("while the total did"),
+    );
+    // harmless ends
+    let (code, r) = bisect_run(x, 0, 2, "dense_ffn", "bisect-aa")?;
+    c.says(
+        "harmless ends refused",
+        r["found"]["why"].as_str().unwrap_or(""),
+        "exit 4, nothing to bisect",
+        code == 4 && r["found"]["kind"] == "refused",
     );
     Ok(())
 }

@@ -119,6 +119,7 @@ fn assert_profile_is_sound(
 }
 
 mod ab;
+mod bisect;
 mod builds;
 mod candle_engine;
 mod census;

@@ -176,3 +176,170 @@ pub fn build_all() -> Builds {
         )),
     }
 }
+
+/// The patch of the bisect's slowed commit: SWIGLU's forward (the FFN activation of the tiny
+/// llama presets) computed 512 times (each time from its sources into its own output: the same
+/// values), as [`SLOW_TO`] does to GEGLU.
+const SWIGLU_FROM: &str = "static void ggml_compute_forward_swiglu_f32(
+        const ggml_compute_params * params,
+        ggml_tensor * dst) {";
+const SWIGLU_TO: &str = "static void ggml_compute_forward_swiglu_f32_once(
+        const ggml_compute_params * params,
+        ggml_tensor * dst);
+// opledger's test of bisect: a deliberate slowdown, the same values
+static void ggml_compute_forward_swiglu_f32(
+        const ggml_compute_params * params,
+        ggml_tensor * dst) {
+    for (int rep = 0; rep < 512; ++rep) {
+        ggml_compute_forward_swiglu_f32_once(params, dst);
+    }
+}
+static void ggml_compute_forward_swiglu_f32_once(
+        const ggml_compute_params * params,
+        ggml_tensor * dst) {";
+
+/// The unbuildable commit's change: a line that is not C++ at the top of a compiled file.
+const BROKEN_LINE: &str = "this line is not C++: the build of this commit fails\n";
+
+/// A git history made from the vendored llama.cpp, oldest first: its checkout and the full
+/// hash of each commit.
+pub struct History {
+    pub repo: PathBuf,
+    pub commits: Vec<String>,
+}
+
+/// The places in [`history`] of the unbuildable commit and of the slowed one.
+pub const BROKEN_AT: usize = 3;
+pub const SLOWED_AT: usize = 5;
+
+fn git(dir: &Path, args: &[&str], when: u32) {
+    // fixed names and dates: the same history has the same hashes on every run
+    let date = format!("2026-01-01T00:{:02}:00Z", when);
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args([
+            "-c",
+            "user.name=opledger",
+            "-c",
+            "user.email=tests@opledger",
+        ])
+        .args(["-c", "commit.gpgsign=false", "-c", "core.autocrlf=false"])
+        .args(args)
+        .env("GIT_AUTHOR_DATE", &date)
+        .env("GIT_COMMITTER_DATE", &date)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn head(dir: &Path) -> String {
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// Eight commits over a copy of the vendored llama.cpp (under the target folder,
+/// `bisect/history/llama.cpp`, made once: the same hashes every time): 0 the tree as is, then
+/// harmless changes of text files, [`BROKEN_AT`] a line that is not C++ at the top of ggml-cpu's
+/// ops.cpp (the next commit removes it), [`SLOWED_AT`] the SWIGLU slowdown. opledger's
+/// worktrees of it go to `bisect/work` (given as --work-dir).
+pub fn history() -> History {
+    let base = target().join("bisect");
+    let repo = base.join("history/llama.cpp");
+    let ops = "ggml/src/ggml-cpu/ops.cpp";
+    let original = std::fs::read_to_string(vendored().join(ops)).unwrap();
+    assert_eq!(original.matches(SWIGLU_FROM).count(), 1);
+    let slowed = original.replacen(SWIGLU_FROM, SWIGLU_TO, 1);
+    type Change = Box<dyn Fn(&Path)>;
+    let note = |file: &'static str, text: &'static str| -> Change {
+        Box::new(move |dir: &Path| {
+            let p = dir.join(file);
+            let mut t = std::fs::read_to_string(&p).unwrap_or_default();
+            t.push_str(text);
+            std::fs::write(&p, t).unwrap();
+        })
+    };
+    let (o1, o2, o3) = (original.clone(), original.clone(), slowed.clone());
+    let steps: Vec<(&str, Change)> = vec![
+        (
+            "docs: a note on bisecting",
+            note("BISECT-NOTES.md", "A note.\n"),
+        ),
+        (
+            "docs: another note",
+            note("BISECT-NOTES.md", "Another note.\n"),
+        ),
+        (
+            "ggml-cpu: a change that does not compile",
+            Box::new(move |dir: &Path| {
+                std::fs::write(dir.join(ops), format!("{BROKEN_LINE}{o1}")).unwrap()
+            }),
+        ),
+        (
+            "ggml-cpu: fix the build",
+            Box::new(move |dir: &Path| std::fs::write(dir.join(ops), &o2).unwrap()),
+        ),
+        (
+            "ggml-cpu: swiglu computed 512 times",
+            Box::new(move |dir: &Path| std::fs::write(dir.join(ops), &o3).unwrap()),
+        ),
+        (
+            "docs: a third note",
+            note("BISECT-NOTES.md", "A third note.\n"),
+        ),
+        (
+            "docs: a fourth note",
+            note("BISECT-NOTES.md", "A fourth note.\n"),
+        ),
+    ];
+    // the history's record is named by what it holds: another patch makes it again
+    let key = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (
+            SWIGLU_TO,
+            BROKEN_LINE,
+            &steps.iter().map(|s| s.0).collect::<Vec<_>>(),
+        )
+            .hash(&mut h);
+        h.finish()
+    };
+    let done = base.join(format!("history/commits-{key:016x}.txt"));
+    if let Ok(text) = std::fs::read_to_string(&done) {
+        let commits: Vec<String> = text.lines().map(String::from).collect();
+        if commits.len() == steps.len() + 1 && head(&repo) == commits[commits.len() - 1] {
+            return History { repo, commits };
+        }
+    }
+    // made again from scratch: opledger's worktrees of an old one go too
+    let _ = std::fs::remove_dir_all(base.join("history"));
+    let _ = std::fs::remove_dir_all(base.join("work"));
+    mirror(&vendored(), &repo);
+    git(&repo, &["init", "-q", "-b", "master"], 0);
+    git(&repo, &["add", "-A"], 0);
+    git(&repo, &["commit", "-q", "-m", "the vendored llama.cpp"], 0);
+    let mut commits = vec![head(&repo)];
+    for (i, (subject, change)) in steps.iter().enumerate() {
+        change(&repo);
+        git(&repo, &["add", "-A"], i as u32 + 1);
+        git(&repo, &["commit", "-q", "-m", subject], i as u32 + 1);
+        commits.push(head(&repo));
+    }
+    std::fs::write(&done, commits.join("\n")).unwrap();
+    History { repo, commits }
+}
+
+/// The folder opledger's worktrees of [`history`] go to.
+pub fn bisect_work_dir() -> PathBuf {
+    target().join("bisect/work")
+}

@@ -3,6 +3,7 @@
 //! or failed in colour and in words, then the charts and tables, then the run's manifest.
 
 mod ab;
+mod bisect;
 mod layout;
 mod manifest;
 pub mod opdiff;
@@ -20,6 +21,7 @@ pub fn html(view: &RunView) -> Result<String, String> {
         RunView::Sweep(v) => sweep::sweep_html(v)?,
         RunView::Ab(v) => ab::ab_html(v),
         RunView::Waste(v) => waste::waste_html(v),
+        RunView::Bisect(v) => bisect::bisect_html(v),
         other => {
             return Err(format!(
                 "{} {} run has no HTML page",
