@@ -9,6 +9,7 @@ pub mod band;
 pub mod calibration;
 pub mod census;
 pub mod device;
+pub mod device_clock;
 pub mod engine;
 pub mod import_rules;
 pub mod isolation;

@@ -8,6 +8,7 @@ pub mod ab;
 pub mod bench;
 pub mod census;
 pub mod device;
+pub mod device_clock;
 pub mod html;
 pub mod ledger;
 pub mod nodes;
