@@ -427,7 +427,7 @@ pub(crate) fn split_lines(s: &ProfileSummary) -> Vec<String> {
         ));
     }
     lines.push(format!(
-        "agreement: raw {}, remote round trips and local isolation removed {}",
+        "agreement: raw {}, each device's isolation (and remote round trips) removed {}",
         percent_to(s.agreement, 1),
         percent_to(s.agreement_corrected, 1)
     ));

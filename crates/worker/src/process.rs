@@ -835,6 +835,37 @@ mod tests {
         p.request(op, serde_json::Map::new())
     }
 
+    /// The device clock's lines are a request's own between its begin and end markers on the
+    /// worker's stderr; lines outside any markers belong to no request, and a request the
+    /// worker never marked has none, said so.
+    #[test]
+    fn the_device_clock_lines_between_a_request_s_markers_are_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = sh_worker(
+            dir.path(),
+            "clock",
+            "",
+            "read req <&3\nprintf 'ADD: 1 x 9 us = 9 us\\n' >&2\nprintf 'opledger-device-clock begin 1\\nADD: 1 x 2 us = 2 us\\nopledger-device-clock node 0\\nggml log\\nopledger-device-clock end 1\\nMUL: 1 x 7 us = 7 us\\n' >&2\nprintf '{\"id\":1,\"ok\":true}\\n' >&3\nread req <&3\nprintf '{\"id\":2,\"ok\":true}\\n' >&3\nsleep 5",
+        );
+        let mut p = launch(&w, 20, LINE_BOUND).unwrap();
+        ask(&mut p, "decode").unwrap();
+        assert_eq!(p.last_request_id(), 1);
+        let lines = p.device_log(1, Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            lines,
+            [
+                "ADD: 1 x 2 us = 2 us",
+                "opledger-device-clock node 0",
+                "ggml log"
+            ]
+        );
+        // taken once
+        assert!(p.device_log(1, Duration::from_millis(100)).is_err());
+        ask(&mut p, "clear").unwrap();
+        let e = p.device_log(2, Duration::from_millis(200)).unwrap_err();
+        assert!(e.contains("no device-clock end marker of request 2"), "{e}");
+    }
+
     /// A worker that prints junk to stdout and stderr (not UTF-8, more than a pipe holds)
     /// before its hello and between answers still speaks the protocol; its last lines, shown
     /// lossily, go into the message of its death.
@@ -852,7 +883,7 @@ mod tests {
             ),
         );
         let mut p = launch(&w, 20, LINE_BOUND).unwrap();
-        assert_eq!(p.hello().version, 3);
+        assert_eq!(p.hello().version, crate::protocol::PROTOCOL_VERSION as u64);
         let v = ask(&mut p, "clear").unwrap();
         assert_eq!(v, serde_json::json!({}));
         let e = ask(&mut p, "save").unwrap_err();

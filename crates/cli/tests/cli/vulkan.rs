@@ -253,6 +253,51 @@ fn a_profile_on_vulkan0_places_every_node_bands_the_copies_and_sets_both_clocks_
 }
 
 #[test]
+fn the_graph_on_vulkan0_names_every_node_s_device_and_bands_the_transfer() {
+    let w = worker();
+    let _machine = crate::machine::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let model = crate::rpc::tiny_llama(dir.path());
+    let o = run_ok(
+        opledger()
+            .args([
+                "graph",
+                "-p",
+                "32",
+                "-t",
+                "2",
+                "-g",
+                "99",
+                "--json",
+                "--llama-worker",
+            ])
+            .arg(w)
+            .arg("-m")
+            .arg(&model),
+    );
+    let g: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let nodes = g["nodes"].as_array().unwrap();
+    assert!(
+        nodes.iter().all(|n| n["device"].is_string()),
+        "a node without its device"
+    );
+    // the token embedding's lookup on the CPU (its weight there, its output in Vulkan0's pinned
+    // host memory, which is the CPU's), everything after it on Vulkan0, one transfer between
+    let device = |d: &str| nodes.iter().filter(|n| n["device"] == d).count();
+    assert!(
+        device("CPU") >= 1 && device("Vulkan0") > device("CPU"),
+        "{}",
+        g["nodes"]
+    );
+    let transfers: Vec<&Value> = nodes.iter().filter(|n| n["op"] == TRANSFER_OP).collect();
+    assert!(!transfers.is_empty());
+    for t in transfers {
+        assert_eq!(t["band"], "network", "{t}");
+        assert_eq!(t["device"], "CPU -> Vulkan0", "{t}");
+    }
+}
+
+#[test]
 fn a_sweep_on_vulkan0_measures_two_depths() {
     let w = worker();
     let _machine = crate::machine::shared();
@@ -308,16 +353,20 @@ fn an_a_b_of_the_cpu_worker_against_the_vulkan_worker_passes_the_output_gate() {
     let model = crate::rpc::tiny_llama(dir.path());
     let out = dir.path().join("ab");
     let t0 = std::time::Instant::now();
-    // A: the bundled worker (CPU); B: the Vulkan worker with every layer on Vulkan0. lavapipe
-    // adds in another order than ggml's CPU kernels: the gate's NMSE bound (1e-6, llama.cpp's
-    // llama-results), not bit equality
+    // A: the bundled worker (CPU); B: the Vulkan worker with every layer on Vulkan0. Across
+    // backends the logits are not bit-identical: ggml-vulkan's matmul shaders accumulate in
+    // another order and in fp16 where the device has it (lavapipe does), and the tiny preset's
+    // random weights make the logits sensitive (measured here: max NMSE 1.7e-4, the same top-1
+    // in every row). The gate's bound is test-backend-ops' MUL_MAT bound, 5e-4: the tolerance
+    // llama.cpp itself grants a backend's matmul against the CPU's (llama-results' 1e-6 is for
+    // one backend against itself)
     let o = Command::new(bin())
         .args([
             "ab",
             "-p",
             "32",
             "-r",
-            "2",
+            "4",
             "-t",
             "2",
             "-g",
@@ -325,7 +374,7 @@ fn an_a_b_of_the_cpu_worker_against_the_vulkan_worker_passes_the_output_gate() {
             "--greedy-steps",
             "4",
         ])
-        .args(["--no-noise-gate", "--json", "-m"])
+        .args(["--max-nmse", "5e-4", "--no-noise-gate", "--json", "-m"])
         .arg(&model)
         .arg("--a")
         .arg("worker=bundled")
@@ -352,7 +401,8 @@ fn an_a_b_of_the_cpu_worker_against_the_vulkan_worker_passes_the_output_gate() {
     assert_eq!(g["positions"], 32, "{g}");
     assert_eq!(g["steps"], 4, "{g}");
     let nmse = g["max_nmse"].as_f64().unwrap();
-    assert!(nmse.is_finite() && nmse <= 1e-6, "{g}");
+    assert!(nmse.is_finite() && nmse <= 5e-4, "{g}");
+    assert_eq!(g["top1_differs"], 0, "{g}");
     eprintln!(
         "vulkan: the output gate: max NMSE {nmse:e}, bit-identical {}",
         g["bit_identical"]
