@@ -29,7 +29,7 @@ extern char ** environ;
 #define OPLEDGER_WORKER_BUILD_OPTIONS ""
 #endif
 
-static const int PROTOCOL_VERSION = 3;
+static const int PROTOCOL_VERSION = 4;
 
 // ---------------------------------------------------------------------------------------------
 // Requests.
@@ -367,6 +367,13 @@ void op_decode(Worker & w, const Json & req, std::string & out, bool step) {
         c.obs->reset(Observe::Count);
     }
     *c.abort_flag = abort_first;
+    // the device's clock (PROTOCOL.md): the run's bounds on stderr, where the backend prints it
+    const bool marks = device_clock_marks();
+    const uint64_t id = (uint64_t) int_field(req, "id");
+    if (marks) {
+        fprintf(stderr, "opledger-device-clock begin %llu\n", (unsigned long long) id);
+        fflush(stderr);
+    }
     uint64_t wall_ns = 0;
     uint64_t end_ns = 0;
     int code = 0;
@@ -400,6 +407,10 @@ void op_decode(Worker & w, const Json & req, std::string & out, bool step) {
         }
     }
     *c.abort_flag = false;
+    if (marks) {
+        fprintf(stderr, "opledger-device-clock end %llu\n", (unsigned long long) id);
+        fflush(stderr);
+    }
     w.pause();
     if (code == 2 && abort_first) {
         out += ",\"aborted\":true";

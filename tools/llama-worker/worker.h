@@ -386,7 +386,19 @@ inline ggml_backend_buffer_t buffer_of(const ggml_tensor * t) {
 inline ggml_backend_dev_t device_of(const ggml_tensor * t) {
     ggml_backend_buffer_t buf = buffer_of(t);
     ggml_backend_buffer_type_t buft = buf ? ggml_backend_buffer_get_type(buf) : nullptr;
-    return buft ? ggml_backend_buft_get_device(buft) : nullptr;
+    ggml_backend_dev_t dev = buft ? ggml_backend_buft_get_device(buft) : nullptr;
+    // a device's pinned host memory (CUDA_Host, Vulkan_Host: llama.cpp gives the CPU backend
+    // the first GPU's host buffer type for its compute buffer, so that copies to the device are
+    // fast) is the CPU's: the scheduler computes what lives there on the CPU backend, and its
+    // copies to the device are transfers
+    if (dev != nullptr && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU &&
+        ggml_backend_dev_host_buffer_type(dev) == buft) {
+        ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+        if (cpu != nullptr) {
+            return cpu;
+        }
+    }
+    return dev;
 }
 
 inline const char * device_name(const ggml_tensor * t) {
@@ -426,6 +438,14 @@ inline void fence(const ggml_tensor * t) {
 
 // The expert ids of MUL_MAT_ID node `index`, appended to `out` (optime.cpp).
 void capture_expert_ids(const ggml_tensor * t, uint32_t index, std::string & out);
+
+// The device's clock is on (ggml-vulkan's perf logger prints every graph's op times on
+// stderr): the worker marks each decode's bounds and, in TIMED, each node's end on stderr too
+// (PROTOCOL.md "The device's clock"), so opledger can tell which lines belong to which node.
+inline bool device_clock_marks() {
+    static const bool on = getenv("GGML_VK_PERF_LOGGER") != nullptr;
+    return on;
+}
 
 struct Observer {
     Observe mode = Observe::Count;
@@ -583,6 +603,12 @@ struct Observer {
                     uint64_t now = now_ns();
                     timed_ns.push_back(t_ask ? now - t_ask : 0);
                     t_ask = 0;
+                    if (device_clock_marks()) {
+                        // after the clock stopped: the backend printed this node's device time
+                        // (if it timed any) inside the node's compute, before this call
+                        fprintf(stderr, "opledger-device-clock node %zu\n", timed_ns.size() - 1);
+                        fflush(stderr);
+                    }
                     last_end = now;
                     ops.push_back((int) t->op);
                     if (capture_ids && t->op == GGML_OP_MUL_MAT_ID) {

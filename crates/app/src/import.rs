@@ -477,6 +477,8 @@ fn build(
         .steps
         .iter()
         .map(|s| CycleRecord {
+            device_timed: None,
+            device_fused: None,
             order: vec![Mode::Timed],
             fused_ms: s.wall_us / 1e3,
             fused_observed_ms: s.wall_us / 1e3,

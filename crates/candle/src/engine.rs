@@ -311,6 +311,7 @@ impl Engine for CandleEngine {
             Mode::Fused => {
                 let (wall_ms, output_hash) = self.run_with(&mut Plain)?;
                 Ok(ChunkTiming {
+                    device: None,
                     wall_ms,
                     node_us: Vec::new(),
                     nodes_seen: 0,
@@ -330,6 +331,7 @@ impl Engine for CandleEngine {
                     }
                 }
                 Ok(ChunkTiming {
+                    device: None,
                     wall_ms,
                     node_us: Vec::new(),
                     nodes_seen: inst.nodes_seen,
@@ -358,6 +360,7 @@ impl Engine for CandleEngine {
                     )));
                 }
                 Ok(ChunkTiming {
+                    device: None,
                     wall_ms,
                     node_us: inst.node_us,
                     nodes_seen: inst.nodes_seen,

@@ -123,6 +123,10 @@ pub struct ChunkTiming {
     pub nodes_seen: u32,
     /// A hash of the requested logits, to check that modes compute the same thing.
     pub output_hash: u64,
+    /// The run on the device's own clock, where the engine reads one
+    /// (`crate::device_clock`); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<crate::device_clock::DeviceTiming>,
 }
 
 /// What isolating a node costs in TIMED mode, in µs per node and step.

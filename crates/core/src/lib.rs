@@ -10,6 +10,7 @@ pub mod bisect;
 pub mod calibration;
 pub mod census;
 pub mod device;
+pub mod device_clock;
 pub mod engine;
 pub mod import_rules;
 pub mod isolation;

@@ -35,6 +35,11 @@ pub struct MockEngine {
     pub logits: Vec<f32>,
     /// Relative growth of an attention node's cost per token of depth.
     pub attention_growth: f64,
+    /// A scripted device clock (`crate::device_clock`): every run reports the device's own
+    /// time, each working node on a device other than the CPU taking exactly its cost (no
+    /// isolation: the device timed the work alone) in TIMED, its op kind's costs x
+    /// `fused_factor` in FUSED; both x the run's noise.
+    pub device_clock: bool,
     runs: usize,
     prepared: Option<Work>,
     /// A sweep's work and each mode's next chunk (FUSED, TIMED).
@@ -219,6 +224,7 @@ impl MockEngine {
             calibration_us: None,
             logits: vec![0.5, 2.0, -1.0],
             attention_growth: 0.0,
+            device_clock: false,
             runs: 0,
             prepared: None,
             sweep: None,
@@ -262,7 +268,40 @@ impl MockEngine {
                 (node_us.iter().sum(), node_us)
             }
         };
+        let device = self.device_clock.then(|| {
+            let on_device: Vec<bool> = self
+                .graph
+                .iter()
+                .map(|n| n.is_working() && n.device.as_deref().is_some_and(|d| d != "CPU"))
+                .collect();
+            let mut t = crate::device_clock::DeviceTiming::default();
+            let factor = match mode {
+                Mode::Timed => noise * steps,
+                Mode::Fused => self.fused_factor * noise * steps,
+                Mode::FusedObserved => self.fused_factor * self.observed_factor * noise * steps,
+            };
+            for ((n, &c), &dev) in self.graph.iter().zip(costs).zip(&on_device) {
+                if dev {
+                    *t.kinds.entry(n.op.clone()).or_insert(0.0) += c * factor;
+                }
+            }
+            if mode == Mode::Timed {
+                t.node_us = costs
+                    .iter()
+                    .zip(&on_device)
+                    .map(|(&c, &dev)| dev.then_some(c * factor))
+                    .collect();
+                t.node_kind = self
+                    .graph
+                    .iter()
+                    .zip(&on_device)
+                    .map(|(n, &dev)| dev.then(|| n.op.clone()))
+                    .collect();
+            }
+            t
+        });
         Ok(ChunkTiming {
+            device,
             wall_ms: wall_us / 1e3,
             nodes_seen: if mode == Mode::Fused {
                 0

@@ -188,6 +188,8 @@ impl RecordRun {
                 .iter()
                 .zip(&self.calibration)
                 .map(|((us, timed_wall, fused), (iso, iso_nodes))| CycleRecord {
+                    device_timed: None,
+                    device_fused: None,
                     order: vec![Mode::Fused, Mode::Timed],
                     fused_ms: *fused,
                     fused_observed_ms: *fused,

@@ -873,6 +873,7 @@ mod tests {
                 .map(|(c, _)| c * k as f64)
                 .sum();
             Ok(ChunkTiming {
+                device: None,
                 wall_ms: base + extra,
                 node_us: vec![],
                 nodes_seen: self.cost.len() as u32,
@@ -973,6 +974,7 @@ mod tests {
             let launch = self.launch_ms;
             let wall_ms = self.wall(cut, replay, |c| c * k as f64 + launch * rounds);
             Ok(ChunkTiming {
+                device: None,
                 wall_ms,
                 node_us: vec![],
                 nodes_seen: self.cost.len() as u32,
@@ -994,6 +996,7 @@ mod tests {
             let launch = self.launch_ms;
             let wall_ms = self.wall(cut, replay, |_| launch * rounds as f64);
             Ok(ChunkTiming {
+                device: None,
                 wall_ms,
                 node_us: vec![],
                 nodes_seen: self.cost.len() as u32,
@@ -1092,6 +1095,7 @@ mod tests {
                 .map(|(b, _)| 8.0 * b + b * k as f64)
                 .sum();
             Ok(ChunkTiming {
+                device: None,
                 wall_ms: base + extra,
                 node_us: vec![],
                 nodes_seen: self.b.len() as u32,
@@ -1214,6 +1218,7 @@ mod tests {
                 .map(|(c, _)| c * k as f64)
                 .sum();
             Ok(ChunkTiming {
+                device: None,
                 wall_ms: 100.0 + wobble + extra,
                 node_us: vec![],
                 nodes_seen: self.cost.len() as u32,
@@ -1441,6 +1446,7 @@ mod tests {
                 0.0
             };
             Ok(ChunkTiming {
+                device: None,
                 wall_ms: self.cost.iter().sum::<f64>() + extra + burst,
                 node_us: vec![],
                 nodes_seen: self.cost.len() as u32,

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod bisect;
 pub mod census;
 pub mod device;
+pub mod device_clock;
 pub mod html;
 pub mod ledger;
 pub mod nodes;

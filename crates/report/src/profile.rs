@@ -319,6 +319,9 @@ pub fn profile_text(m: &Manifest, s: &ProfileSummary) -> String {
     if let Some(d) = &s.device {
         out.push_str(&crate::device::device_text(d));
     }
+    if let Some(d) = &s.device_clock {
+        out.push_str(&crate::device_clock::device_clock_text(d));
+    }
     if !s.devices.is_empty() {
         let _ = writeln!(
             out,
@@ -424,7 +427,7 @@ pub(crate) fn split_lines(s: &ProfileSummary) -> Vec<String> {
         ));
     }
     lines.push(format!(
-        "agreement: raw {}, remote round trips and local isolation removed {}",
+        "agreement: raw {}, each device's isolation (and remote round trips) removed {}",
         percent_to(s.agreement, 1),
         percent_to(s.agreement_corrected, 1)
     ));
@@ -464,6 +467,9 @@ pub fn profile_markdown(m: &Manifest, s: &ProfileSummary) -> String {
     }
     if let Some(d) = &s.device {
         out.push_str(&crate::device::device_markdown(d));
+    }
+    if let Some(d) = &s.device_clock {
+        out.push_str(&crate::device_clock::device_clock_markdown(d));
     }
     if !s.devices.is_empty() {
         let _ = writeln!(
@@ -535,6 +541,11 @@ pub fn bands_csv(s: &ProfileSummary) -> Result<String, csv::Error> {
     }
     if let Some(d) = &s.device {
         for row in crate::device::csv_rows(d, s.tokens, s.depth_tokens) {
+            w.write_record(row)?;
+        }
+    }
+    if let Some(d) = &s.device_clock {
+        for row in crate::device_clock::csv_rows(d, s.tokens, s.depth_tokens) {
             w.write_record(row)?;
         }
     }

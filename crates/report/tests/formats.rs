@@ -364,3 +364,122 @@ fn an_import_without_model_or_threads_says_not_recorded_in_every_format() {
         "{md}"
     );
 }
+
+/// The mock engine with its scripted device clock (every node on one device, each working
+/// node's device time exactly its cost, the host's its cost plus the isolation): each band's
+/// host-over-device ratio is its (costs + isolation x nodes) over its costs, and its FUSED
+/// device time is shared in proportion to its costs; every format with bands carries the
+/// device clock.
+#[test]
+fn a_profile_with_the_device_clock_sets_both_clocks_side_by_side_in_every_format() {
+    let m = fixture::manifest("profile");
+    let mut e = fixture::engine();
+    e.device_clock = true;
+    for n in &mut e.graph {
+        n.device = Some("Vulkan0".into());
+    }
+    let (costs, iso) = (e.cost_us.clone(), e.isolation_us);
+    let cfg = opledger_core::profile::ProfileConfig {
+        work: opledger_core::engine::Work::prefill(fixture::CHUNK, 0),
+        cycles: 5,
+        warmup: 1,
+        overhead_pairs: 0,
+        gate: opledger_core::noise::GateConfig {
+            enabled: false,
+            ..Default::default()
+        },
+    };
+    let raw = opledger_core::profile::measure(&mut e, &cfg, &mut |_, _, _| {}).unwrap();
+    let v = ProfileView::new(&m, &raw).unwrap();
+    let d = v.summary.device_clock.clone().expect("a device clock");
+    let working: Vec<usize> = (0..raw.graph.len())
+        .filter(|&i| raw.graph[i].is_working())
+        .collect();
+    assert_eq!(d.nodes_expected as usize, working.len());
+    assert_eq!(d.nodes_matched, d.nodes_expected);
+    assert!(
+        d.fused_unattributed.is_empty(),
+        "{:?}",
+        d.fused_unattributed
+    );
+    let assignments = v.assignments.clone();
+    let mut per_cost = Vec::new();
+    for b in &d.bands {
+        let nodes: Vec<usize> = working
+            .iter()
+            .copied()
+            .filter(|&i| assignments[i].band == b.band)
+            .collect();
+        assert_eq!(b.nodes as usize, nodes.len(), "{}", b.band);
+        let c: f64 = nodes.iter().map(|&i| costs[i]).sum();
+        let want = (c + iso * nodes.len() as f64) / c;
+        assert!(
+            (b.timed_ratio - want).abs() < 1e-9,
+            "{}: {} against {want}",
+            b.band,
+            b.timed_ratio
+        );
+        per_cost.push(b.device_fused_ms_per_token.median / c);
+        assert!(
+            b.fused_ratio.is_finite() && b.fused_ratio > 0.0,
+            "{}",
+            b.band
+        );
+    }
+    for p in &per_cost {
+        assert!((p / per_cost[0] - 1.0).abs() < 1e-9, "{per_cost:?}");
+    }
+    let check = v
+        .summary
+        .checks
+        .iter()
+        .find(|c| c.name == "device clock")
+        .unwrap();
+    assert_eq!(
+        check.status,
+        opledger_core::profile::CheckStatus::Pass,
+        "{}",
+        check.detail
+    );
+    let first = &d.bands[0];
+    let view = RunView::Profile(v.clone());
+    let opts = RenderOptions::default();
+    let ratio = format!("{:.2}x", first.timed_ratio);
+    for (format, marks) in [
+        (
+            Format::Text,
+            vec!["device clock:", "host / device", ratio.as_str()],
+        ),
+        (
+            Format::Md,
+            vec!["### Device clock", "| host / device", ratio.as_str()],
+        ),
+        (Format::Html, vec!["id=\"device-clock\"", "host / device"]),
+        (
+            Format::Json,
+            vec![
+                "\"device_clock\"",
+                "\"timed_ratio\"",
+                "\"device_fused_ms_per_token\"",
+            ],
+        ),
+        (Format::Bands, vec![",device-timed", ",device-fused"]),
+    ] {
+        let out = text(render(&view, format, &opts).unwrap());
+        for mark in marks {
+            assert!(
+                out.contains(mark),
+                "{} lacks {mark:?}:\n{out}",
+                format.name()
+            );
+        }
+    }
+    // the JSON reads back to the same figures
+    let s: opledger_core::profile::ProfileSummary =
+        serde_json::from_str(&text(render(&view, Format::Json, &opts).unwrap())).unwrap();
+    assert_eq!(s.device_clock.unwrap().bands.len(), d.bands.len());
+    // without the clock: none of it
+    let plain_raw = fixture::profile_raw();
+    let plain = RunView::Profile(ProfileView::new(&m, &plain_raw).unwrap());
+    assert!(!text(render(&plain, Format::Text, &opts).unwrap()).contains("device clock"));
+}

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use opledger_core::calibration::Dispatch;
+use opledger_core::device_clock::DeviceTiming;
 use opledger_core::engine::{
     Capability, ChunkTiming, Engine, EngineError, EngineInfo, GraphCapture, GraphCapturer,
     IsolationCalibration, Mode, OpTime, OpTimeRequest, OpTimer, OutputReader, ReplayEngine,
@@ -35,6 +36,13 @@ pub const CLONES_PER_ROUND: u32 = 16;
 
 /// Rounds of the isolation calibration per calibration .
 const CALIBRATION_ROUNDS: u32 = 5;
+
+/// The environment variable that turns the device's clock on (ggml-vulkan's perf logger).
+pub const DEVICE_CLOCK_ENV: &str = "GGML_VK_PERF_LOGGER";
+
+/// How long the engine waits, after a run's answer, for the stderr drain to read the run's end
+/// marker (written before the answer: in the pipe already).
+const DEVICE_LOG_WAIT: Duration = Duration::from_secs(30);
 
 /// How to start a worker and load the model in it.
 #[derive(Debug, Clone, PartialEq)]
@@ -308,6 +316,9 @@ impl WorkerEngine {
             req["capture_ids"] = true.into();
         }
         let mut d: Decoded = self.req(op, req)?;
+        if self.device_clock() {
+            d.device = Some(self.device_timing(&d, observe_as)?);
+        }
         if ids {
             self.ids = d.ids.take().ok_or_else(|| {
                 EngineError::Worker(format!(
@@ -317,6 +328,56 @@ impl WorkerEngine {
             })?;
         }
         Ok(d)
+    }
+
+    /// The device's clock is on: ggml-vulkan's perf logger (`GGML_VK_PERF_LOGGER` in the
+    /// worker's environment, as its hello reports it) prints every graph's op times on the
+    /// worker's stderr, and the worker (protocol 4) marks each run's bounds and each TIMED
+    /// node's end there (PROTOCOL.md "The device's clock").
+    fn device_clock(&self) -> bool {
+        self.proc.hello().llama.env.contains_key(DEVICE_CLOCK_ENV)
+    }
+
+    /// The last request's run on the device's clock, from the lines between its markers.
+    fn device_timing(&self, d: &Decoded, observe_as: &str) -> Result<DeviceTiming, EngineError> {
+        let worker = || self.cfg.worker.display().to_string();
+        if let Some(f) = self
+            .proc
+            .hello()
+            .llama
+            .env
+            .get("GGML_VK_PERF_LOGGER_FREQUENCY")
+        {
+            if f.trim() != "1" {
+                return Err(EngineError::Failed(format!(
+                    "the device's clock needs every graph's op times: GGML_VK_PERF_LOGGER_FREQUENCY={f} in the worker's environment prints them every {f} graphs (unset it)"
+                )));
+            }
+        }
+        if self
+            .proc
+            .hello()
+            .llama
+            .env
+            .contains_key("GGML_VK_PERF_LOGGER_CONCURRENT")
+        {
+            return Err(EngineError::Failed(
+                "the device's clock times op by op: GGML_VK_PERF_LOGGER_CONCURRENT in the worker's environment times groups between sync points instead (unset it)".into(),
+            ));
+        }
+        let lines = self
+            .proc
+            .device_log(self.proc.last_request_id(), DEVICE_LOG_WAIT)
+            .map_err(|why| {
+                EngineError::Worker(format!("the llama.cpp worker {}: {why}", worker()))
+            })?;
+        let timed = (observe_as == "timed").then(|| d.node_ns.as_ref().map_or(0, Vec::len));
+        opledger_core::device_clock::parse_run(&lines, timed).map_err(|why| {
+            EngineError::Worker(format!(
+                "the llama.cpp worker {}: its device-clock lines: {why}",
+                worker()
+            ))
+        })
     }
 
     /// One decode step: token `tokens[s]` for sequence `first_seq + s` at `pos`.
@@ -395,6 +456,7 @@ impl WorkerEngine {
         let wall_ms = d.wall_ns as f64 / 1e6;
         if mode == Mode::Fused {
             return Ok(ChunkTiming {
+                device: d.device.clone(),
                 wall_ms,
                 node_us: Vec::new(),
                 nodes_seen: 0,
@@ -455,7 +517,21 @@ impl WorkerEngine {
                 node_us = opledger_core::split::slot_times(&g.slots, &node_us, &gap_us, tail_us);
             }
         }
+        // the device's figures at the graph's positions (a transfer's and the outputs': none)
+        let device = d.device.clone().map(|t| match graph.filter(|g| g.split()) {
+            Some(g) if mode == Mode::Timed => t.placed(
+                &g.slots
+                    .iter()
+                    .map(|s| match *s {
+                        Slot::Node(i) => Some(i),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+            _ => t,
+        });
         Ok(ChunkTiming {
+            device,
             wall_ms,
             node_us,
             nodes_seen,
@@ -499,6 +575,7 @@ impl WorkerEngine {
         what: &str,
     ) -> Result<ChunkTiming, EngineError> {
         let mut total = ChunkTiming {
+            device: None,
             wall_ms: 0.0,
             node_us: Vec::new(),
             nodes_seen: 0,
@@ -516,6 +593,9 @@ impl WorkerEngine {
             total.wall_ms += t.wall_ms;
             total.output_hash = total.output_hash.rotate_left(3) ^ t.output_hash;
             total.nodes_seen = t.nodes_seen;
+            if let Some(dt) = &t.device {
+                total.device.get_or_insert_with(Default::default).add(dt);
+            }
             if total.node_us.is_empty() {
                 total.node_us = t.node_us;
             } else {

@@ -14,7 +14,7 @@ use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -112,6 +112,68 @@ const TAIL_LINE_BYTES: usize = 1000;
 /// The last lines of one of the worker's output streams, as a drain keeps them.
 type Tail = Arc<Mutex<VecDeque<String>>>;
 
+/// Lines of one run kept between the worker's device-clock markers at most (a TIMED run of a
+/// large graph: one marker and one table of a few lines per node); past it the run's lines are
+/// dropped and the run is reported as cut.
+const DEVICE_LOG_LINES: usize = 1 << 20;
+
+/// Finished runs' device-clock lines kept for the engine to take (older ones are let go).
+const DEVICE_LOG_RUNS: usize = 4;
+
+/// The lines the backend printed on the worker's stderr between the worker's markers of one
+/// request (`opledger-device-clock begin ID` ... `end ID`: PROTOCOL.md "The device's clock"),
+/// collected by the stderr drain as it reads them, so a run's lines are attributed to the
+/// request that ran it whatever else the stream carries.
+#[derive(Default)]
+struct DeviceLogState {
+    /// The run being read: its request id and its lines so far (`None` past the bound).
+    open: Option<(u64, Option<Vec<String>>)>,
+    /// Runs read to their end marker: (request id, lines, or `None` when cut).
+    done: VecDeque<(u64, Option<Vec<String>>)>,
+    /// The stream ended.
+    closed: bool,
+}
+
+type DeviceLog = Arc<(Mutex<DeviceLogState>, Condvar)>;
+
+/// One line of the worker's stderr, as the device log reads it.
+fn device_log_line(log: &DeviceLog, line: &str) {
+    let (lock, cv) = &**log;
+    let Ok(mut st) = lock.lock() else { return };
+    let prefix = opledger_core::device_clock::MARK;
+    if let Some(rest) = line.strip_prefix(prefix).and_then(|r| r.strip_prefix(' ')) {
+        if let Some(id) = rest
+            .strip_prefix("begin ")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            st.open = Some((id, Some(Vec::new())));
+            return;
+        }
+        if let Some(id) = rest
+            .strip_prefix("end ")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            if let Some((open, lines)) = st.open.take() {
+                if open == id {
+                    st.done.push_back((id, lines));
+                    while st.done.len() > DEVICE_LOG_RUNS {
+                        st.done.pop_front();
+                    }
+                    cv.notify_all();
+                }
+            }
+            return;
+        }
+    }
+    if let Some((_, Some(lines))) = st.open.as_mut() {
+        if lines.len() < DEVICE_LOG_LINES {
+            lines.push(line.to_string());
+        } else if let Some(open) = st.open.as_mut() {
+            open.1 = None;
+        }
+    }
+}
+
 /// A running worker.
 pub struct WorkerProcess {
     path: PathBuf,
@@ -125,6 +187,7 @@ pub struct WorkerProcess {
     line_bound: usize,
     stdout_tail: Tail,
     stderr_tail: Tail,
+    device_log: DeviceLog,
     drains: Vec<JoinHandle<()>>,
     next_id: u64,
     timeout: Duration,
@@ -203,12 +266,18 @@ impl WorkerProcess {
         let mut child = spawned.map_err(|e| start_err(format!("{e}")))?;
         let stdout_tail = Tail::default();
         let stderr_tail = Tail::default();
+        let device_log = DeviceLog::default();
         let mut drains = Vec::new();
         if let Some(out) = child.stdout.take() {
-            drains.push(drain(out, stdout_tail.clone(), verbose));
+            drains.push(drain(out, stdout_tail.clone(), verbose, None));
         }
         if let Some(err) = child.stderr.take() {
-            drains.push(drain(err, stderr_tail.clone(), verbose));
+            drains.push(drain(
+                err,
+                stderr_tail.clone(),
+                verbose,
+                Some(device_log.clone()),
+            ));
         }
         let mut p = WorkerProcess {
             path: path.to_path_buf(),
@@ -219,6 +288,7 @@ impl WorkerProcess {
             line_bound,
             stdout_tail,
             stderr_tail,
+            device_log,
             drains,
             next_id: 1,
             timeout,
@@ -261,6 +331,45 @@ impl WorkerProcess {
     /// The longest answer line accepted, in bytes ([`LINE_BOUND`] unless lowered).
     pub fn line_bound(&self) -> usize {
         self.line_bound
+    }
+
+    /// The id the last request sent carried.
+    pub fn last_request_id(&self) -> u64 {
+        self.next_id - 1
+    }
+
+    /// The lines the worker's stderr carried between its device-clock markers of request `id`
+    /// (PROTOCOL.md "The device's clock"), waiting up to `wait` for the stderr drain to read
+    /// its end marker (the worker writes it before its answer, so it is in the pipe already).
+    /// `Err` says why there are none: no end marker read in time, or the run's lines cut at
+    /// the bound.
+    pub fn device_log(&self, id: u64, wait: Duration) -> Result<Vec<String>, String> {
+        let (lock, cv) = &*self.device_log;
+        let deadline = Instant::now() + wait;
+        let mut st = lock
+            .lock()
+            .map_err(|_| "the device log's lock was poisoned".to_string())?;
+        loop {
+            if let Some(at) = st.done.iter().position(|(i, _)| *i == id) {
+                let (_, lines) = st.done.remove(at).expect("found above");
+                return lines.ok_or_else(|| {
+                    format!(
+                        "request {id}'s device-clock lines passed {DEVICE_LOG_LINES} and were cut"
+                    )
+                });
+            }
+            let now = Instant::now();
+            if st.closed || now >= deadline {
+                return Err(format!(
+                    "no device-clock end marker of request {id} on the worker's stderr within {:.1} s",
+                    wait.as_secs_f64()
+                ));
+            }
+            st = cv
+                .wait_timeout(st, deadline - now)
+                .map_err(|_| "the device log's lock was poisoned".to_string())?
+                .0;
+        }
     }
 
     /// Sends request `op` with `fields` and reads its answer as `T`, each within the timeout.
@@ -560,13 +669,21 @@ fn is_timeout(e: &std::io::Error) -> bool {
 /// Reads `stream` (the worker's stdout or stderr) as bytes to its end, keeping its last lines
 /// (lossily decoded, each cut at [`TAIL_LINE_BYTES`]) in `tail`, and with `verbose` passing
 /// every byte through to this process's stderr.
-fn drain(stream: impl Read + Send + 'static, tail: Tail, verbose: bool) -> JoinHandle<()> {
+fn drain(
+    stream: impl Read + Send + 'static,
+    tail: Tail,
+    verbose: bool,
+    device_log: Option<DeviceLog>,
+) -> JoinHandle<()> {
     std::thread::spawn(move || {
         let mut r = BufReader::with_capacity(1 << 16, stream);
         let mut line: Vec<u8> = Vec::new();
         let keep = |line: &mut Vec<u8>| {
             let text = String::from_utf8_lossy(line).trim_end().to_string();
             line.clear();
+            if let Some(log) = &device_log {
+                device_log_line(log, &text);
+            }
             if let Ok(mut t) = tail.lock() {
                 t.push_back(text);
                 while t.len() > TAIL_LINES {
@@ -600,6 +717,12 @@ fn drain(stream: impl Read + Send + 'static, tail: Tail, verbose: bool) -> JoinH
         }
         if !line.is_empty() {
             keep(&mut line);
+        }
+        if let Some(log) = &device_log {
+            if let Ok(mut st) = log.0.lock() {
+                st.closed = true;
+            }
+            log.1.notify_all();
         }
     })
 }
@@ -684,7 +807,7 @@ pub fn identify(
 mod tests {
     use super::*;
 
-    const HELLO: &str = r#"{"protocol":"opledger-llama-worker","version":3,"llama":{"commit":"c","build":"b","ggml_version":"0","ggml_commit":"g","compiler":"sh","build_options":"","system_info":"","backends":["CPU"],"devices":[]}}"#;
+    const HELLO: &str = r#"{"protocol":"opledger-llama-worker","version":4,"llama":{"commit":"c","build":"b","ggml_version":"0","ggml_commit":"g","compiler":"sh","build_options":"","system_info":"","backends":["CPU"],"devices":[]}}"#;
 
     /// A worker written in sh: `body` runs after the hello went out on the channel (fd 3).
     fn sh_worker(dir: &Path, name: &str, before: &str, body: &str) -> PathBuf {
@@ -712,6 +835,37 @@ mod tests {
         p.request(op, serde_json::Map::new())
     }
 
+    /// The device clock's lines are a request's own between its begin and end markers on the
+    /// worker's stderr; lines outside any markers belong to no request, and a request the
+    /// worker never marked has none, said so.
+    #[test]
+    fn the_device_clock_lines_between_a_request_s_markers_are_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = sh_worker(
+            dir.path(),
+            "clock",
+            "",
+            "read req <&3\nprintf 'ADD: 1 x 9 us = 9 us\\n' >&2\nprintf 'opledger-device-clock begin 1\\nADD: 1 x 2 us = 2 us\\nopledger-device-clock node 0\\nggml log\\nopledger-device-clock end 1\\nMUL: 1 x 7 us = 7 us\\n' >&2\nprintf '{\"id\":1,\"ok\":true}\\n' >&3\nread req <&3\nprintf '{\"id\":2,\"ok\":true}\\n' >&3\nsleep 5",
+        );
+        let mut p = launch(&w, 20, LINE_BOUND).unwrap();
+        ask(&mut p, "decode").unwrap();
+        assert_eq!(p.last_request_id(), 1);
+        let lines = p.device_log(1, Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            lines,
+            [
+                "ADD: 1 x 2 us = 2 us",
+                "opledger-device-clock node 0",
+                "ggml log"
+            ]
+        );
+        // taken once
+        assert!(p.device_log(1, Duration::from_millis(100)).is_err());
+        ask(&mut p, "clear").unwrap();
+        let e = p.device_log(2, Duration::from_millis(200)).unwrap_err();
+        assert!(e.contains("no device-clock end marker of request 2"), "{e}");
+    }
+
     /// A worker that prints junk to stdout and stderr (not UTF-8, more than a pipe holds)
     /// before its hello and between answers still speaks the protocol; its last lines, shown
     /// lossily, go into the message of its death.
@@ -729,7 +883,7 @@ mod tests {
             ),
         );
         let mut p = launch(&w, 20, LINE_BOUND).unwrap();
-        assert_eq!(p.hello().version, 3);
+        assert_eq!(p.hello().version, crate::protocol::PROTOCOL_VERSION as u64);
         let v = ask(&mut p, "clear").unwrap();
         assert_eq!(v, serde_json::json!({}));
         let e = ask(&mut p, "save").unwrap_err();

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use opledger_core::node::{is_view_op, layer_of, NodeInfo, TensorDesc};
 
 /// The protocol version this opledger speaks.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// The name a worker gives its protocol in its hello line.
 pub const PROTOCOL_NAME: &str = "opledger-llama-worker";
@@ -276,6 +276,11 @@ pub struct Decoded {
     /// `timed` with `capture_ids`: each expert matmul's expert ids, in node order.
     #[serde(default)]
     pub ids: Option<Vec<WireIds>>,
+    /// The run on the device's clock: not a field of the answer, but the lines the worker's
+    /// stderr carried between the run's markers, read by the engine
+    /// (`opledger_core::device_clock`).
+    #[serde(skip)]
+    pub device: Option<opledger_core::device_clock::DeviceTiming>,
 }
 
 /// The expert ids one MUL_MAT_ID node routed in a TIMED decode.
@@ -411,14 +416,14 @@ pub fn node_infos(nodes: &[WireNode], devices: Option<&[Device]>) -> Result<Vec<
 mod tests {
     use super::*;
 
-    const HELLO: &str = r#"{"protocol":"opledger-llama-worker","version":3,"llama":{"commit":"abc","build":"b7","ggml_version":"0.26.0","ggml_commit":"x","compiler":"gcc 12","build_options":"GGML_AVX2=ON","system_info":"CPU : AVX2 = 1","backends":["CPU"],"devices":[{"name":"CPU","description":"AMD","type":"cpu","memory_total":10,"memory_free":5}]}}"#;
+    const HELLO: &str = r#"{"protocol":"opledger-llama-worker","version":4,"llama":{"commit":"abc","build":"b7","ggml_version":"0.26.0","ggml_commit":"x","compiler":"gcc 12","build_options":"GGML_AVX2=ON","system_info":"CPU : AVX2 = 1","backends":["CPU"],"devices":[{"name":"CPU","description":"AMD","type":"cpu","memory_total":10,"memory_free":5}]}}"#;
 
     #[test]
     fn a_hello_names_the_build_and_another_version_is_refused_by_name() {
         let h = parse_hello(HELLO).unwrap();
         assert_eq!(h.llama.devices[0].name, "CPU");
         assert_eq!(h.build_label(), "llama.cpp b7 (abc), ggml 0.26.0");
-        let v1 = HELLO.replace("\"version\":3", "\"version\":1");
+        let v1 = HELLO.replace("\"version\":4", "\"version\":1");
         let e = parse_hello(&v1).unwrap_err();
         assert_eq!(
             e,

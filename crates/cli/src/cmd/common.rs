@@ -25,7 +25,8 @@ pub struct ModelArgs {
     /// Flash attention.
     #[arg(long, value_enum, default_value_t = FlashAttnArg::Auto)]
     pub flash_attn: FlashAttnArg,
-    /// Layers to offload to a GPU (needs a build with the `cuda` feature).
+    /// Layers to offload to a GPU (or another device): needs a llama.cpp built with its backend
+    /// (`--llama-worker` built with `-DGGML_CUDA=ON`, `-DGGML_VULKAN=ON`, ...).
     #[arg(long = "gpu-layers", short = 'g', default_value_t = 0)]
     pub gpu_layers: i32,
     /// Print llama.cpp's own log.

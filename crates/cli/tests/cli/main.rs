@@ -140,6 +140,7 @@ mod rpc;
 mod soundness;
 mod sweep;
 mod two_builds;
+mod vulkan;
 mod waste;
 mod worker;
 mod worker_faults;

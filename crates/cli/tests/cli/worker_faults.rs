@@ -367,5 +367,5 @@ fn the_real_worker_runs_on_its_channel_and_says_how_without_one() {
     assert_eq!(out.lines().count(), 1, "{out}");
     let hello: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(hello["protocol"], "opledger-llama-worker", "{out}");
-    assert_eq!(hello["version"], 3, "{out}");
+    assert_eq!(hello["version"], 4, "{out}");
 }

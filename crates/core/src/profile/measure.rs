@@ -139,6 +139,8 @@ fn measure_cycle(
         .filter(|each| each.len() == nodes)
         .unwrap_or_default();
     Ok(CycleRecord {
+        device_timed: timed.device,
+        device_fused: fused.device,
         order: order.to_vec(),
         fused_ms: fused.wall_ms,
         fused_observed_ms: observed.wall_ms,

@@ -67,6 +67,12 @@ pub struct CycleRecord {
     /// before it was recorded).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub noise: Vec<crate::noise::RunNoise>,
+    /// The TIMED run and the FUSED run on the device's own clock, where the engine reads one
+    /// (`crate::device_clock`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_timed: Option<crate::device_clock::DeviceTiming>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_fused: Option<crate::device_clock::DeviceTiming>,
 }
 
 /// Everything measured, as stored in a run folder's `raw.json`; the summary is a pure function
@@ -290,6 +296,10 @@ pub struct ProfileSummary {
     /// (`import.json`'s `device`, set by the view of the run); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<crate::device::DeviceStats>,
+    /// A profile on a device whose own clock the engine reads: per band, the host's figures
+    /// beside the device's, with their ratio (`crate::device_clock`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_clock: Option<crate::device_clock::DeviceClockSummary>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -87,6 +87,8 @@ pub fn summarise(
     );
     checks.extend(clamp_check(&bands));
     checks.extend(device_check);
+    let device_clock = device_clock(raw, assignments, &bands, tok);
+    checks.extend(device_clock.as_ref().map(device_clock_check));
     if let Some(why) = &raw.one_process_skipped {
         checks.push(super::Check {
             name: "split outputs".into(),
@@ -173,7 +175,72 @@ pub fn summarise(
         one_process_skipped: raw.one_process_skipped.clone(),
         isolation_device_us: isolation.per_device.into_iter().collect(),
         device: None,
+        device_clock,
     })
+}
+
+/// The device's clock beside the host's, when every cycle's TIMED run has one
+/// (`crate::device_clock::summarise`).
+fn device_clock(
+    raw: &ProfileRaw,
+    assignments: &[Assignment],
+    bands: &[BandRow],
+    tok: f64,
+) -> Option<crate::device_clock::DeviceClockSummary> {
+    use crate::device_clock::CycleClocks;
+    let cycles: Option<Vec<CycleClocks<'_>>> = raw
+        .cycles
+        .iter()
+        .map(|c| {
+            c.device_timed.as_ref().map(|timed| CycleClocks {
+                host_node_us: &c.node_us,
+                timed,
+                fused: c.device_fused.as_ref(),
+            })
+        })
+        .collect();
+    let cycles = cycles?;
+    let band_ms: BTreeMap<String, f64> = bands
+        .iter()
+        .map(|b| (b.band.clone(), b.ms_per_token))
+        .collect();
+    let s = crate::device_clock::summarise(
+        &raw.graph,
+        assignments,
+        &cycles,
+        tok,
+        &band_ms,
+        crate::device_clock::VULKAN_SOURCE,
+    )?;
+    // a worker with the clock on whose graph never ran on a device: nothing to set beside
+    (s.nodes_expected > 0).then_some(s)
+}
+
+/// Every node the device should have timed was timed in every cycle, or a warning naming
+/// those it left untimed.
+fn device_clock_check(d: &crate::device_clock::DeviceClockSummary) -> super::Check {
+    let all = d.nodes_matched == d.nodes_expected;
+    super::Check {
+        name: "device clock".into(),
+        status: if all {
+            super::CheckStatus::Pass
+        } else {
+            super::CheckStatus::Warn
+        },
+        detail: if all {
+            format!(
+                "every one of the {} working nodes on the device timed on its own clock in every TIMED run",
+                d.nodes_expected
+            )
+        } else {
+            format!(
+                "{} of {} working nodes on the device timed on its own clock in every TIMED run; not: {}",
+                d.nodes_matched,
+                d.nodes_expected,
+                d.unmatched.join(", ")
+            )
+        },
+    }
 }
 
 /// A warning where removing the isolation stopped working nodes at 0 (their TIMED time was

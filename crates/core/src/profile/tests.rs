@@ -398,6 +398,8 @@ fn a_band_point_lies_within_its_range() {
     let mut c = cfg(3);
     c.work.chunk_tokens = 1;
     let cycle = |t: [f64; 3], fused: f64| CycleRecord {
+        device_timed: None,
+        device_fused: None,
         order: ORDERS[0].to_vec(),
         fused_ms: fused,
         fused_observed_ms: fused,
@@ -477,6 +479,8 @@ fn a_decode_remainder_is_taken_from_every_working_node_not_by_share() {
     let mut c = cfg(2);
     c.work.decode_tokens = 4;
     let cycle = CycleRecord {
+        device_timed: None,
+        device_fused: None,
         order: ORDERS[0].to_vec(),
         fused_ms: 0.160,
         fused_observed_ms: 0.160,
@@ -540,6 +544,8 @@ fn a_band_stopped_at_zero_by_the_isolation_removal_is_said_so() {
     let mut c = cfg(2);
     c.work.decode_tokens = 4;
     let cycle = |moe_us: f64| CycleRecord {
+        device_timed: None,
+        device_fused: None,
         order: ORDERS[0].to_vec(),
         fused_ms: 0.120,
         fused_observed_ms: 0.120,

@@ -59,6 +59,7 @@ impl DepthMock {
 
     fn timing(&self, mode: Mode, attn_us: f64, moe_us: f64, hash: u64) -> ChunkTiming {
         ChunkTiming {
+            device: None,
             wall_ms: (attn_us + moe_us) / 1e3,
             node_us: if mode == Mode::Timed {
                 vec![attn_us, moe_us]
@@ -696,6 +697,7 @@ impl SweepEngine for SlidingMock {
         let full = (0.2 + 1e-4 * depth) * tok;
         let ffn = 1.0 * tok;
         Ok(ChunkTiming {
+            device: None,
             wall_ms: (sliding + full + ffn) / 1e3,
             node_us: if mode == Mode::Timed {
                 vec![sliding, full, ffn]

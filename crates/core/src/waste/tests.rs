@@ -470,6 +470,8 @@ fn raw_of(graph: Vec<NodeInfo>, times: &[&[f64]], fused_ms: f64) -> ProfileRaw {
         cycles: times
             .iter()
             .map(|t| CycleRecord {
+                device_timed: None,
+                device_fused: None,
                 order: vec![],
                 fused_ms,
                 fused_observed_ms: fused_ms,

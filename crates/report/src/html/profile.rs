@@ -109,6 +109,21 @@ fn device_section(body: &mut String, d: &DeviceStats) {
     body.push_str("</section>\n");
 }
 
+fn device_clock_section(body: &mut String, d: &opledger_core::device_clock::DeviceClockSummary) {
+    body.push_str(
+        "<section id=\"device-clock\"><h2>Device clock: the host's time beside the device's</h2>\n",
+    );
+    let _ = writeln!(body, "<p>{}</p>", esc(&crate::device_clock::title(d)));
+    band_table(
+        body,
+        &crate::device_clock::HEADER,
+        &[false, true, true, true, true, true, true, true],
+        crate::device_clock::rows(d),
+    );
+    list(body, &crate::device_clock::lines(d));
+    body.push_str("</section>\n");
+}
+
 pub(super) fn profile_html(v: &ProfileView) -> String {
     let m = v.manifest;
     let s = &v.summary;
@@ -141,6 +156,9 @@ pub(super) fn profile_html(v: &ProfileView) -> String {
     );
     if let Some(d) = &s.device {
         device_section(&mut body, d);
+    }
+    if let Some(d) = &s.device_clock {
+        device_clock_section(&mut body, d);
     }
     body.push_str("<section id=\"bands\"><h2>Bands</h2>\n");
     band_table(

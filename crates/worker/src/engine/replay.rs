@@ -98,6 +98,7 @@ impl WorkerEngine {
             )));
         }
         Ok(ChunkTiming {
+            device: None,
             wall_ms: r.wall_ns as f64 / 1e6,
             node_us: Vec::new(),
             nodes_seen: r.nodes_seen,
