@@ -3,12 +3,10 @@
 //! concurrency), the step's wall on both clocks and the activity outside every step. The table,
 //! the lines, the CSV rows and the SQL tables all come from here.
 
-use std::fmt::Write as _;
-
 use opledger_core::device::DeviceStats;
 use opledger_core::stats::Spread;
 
-use crate::table::{markdown_table, text_table, Align};
+use crate::table::{markdown_section, text_section, Align};
 
 pub(crate) const HEADER: [&str; 6] = [
     "band",
@@ -143,32 +141,12 @@ pub(crate) fn lines(d: &DeviceStats) -> Vec<String> {
 
 /// The terminal section.
 pub fn device_text(d: &DeviceStats) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "\n{}\n{}\n",
-        title(d),
-        text_table(&HEADER, &ALIGN, &rows(d))
-    );
-    for l in lines(d) {
-        let _ = writeln!(out, "{l}");
-    }
-    out
+    text_section(&title(d), &HEADER, &ALIGN, &rows(d), &lines(d))
 }
 
 /// The markdown section.
 pub fn device_markdown(d: &DeviceStats) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "\n### Device\n\n{}\n\n{}\n",
-        title(d),
-        markdown_table(&HEADER, &ALIGN, &rows(d))
-    );
-    for l in lines(d) {
-        let _ = writeln!(out, "- {l}");
-    }
-    out
+    markdown_section("Device", &title(d), &HEADER, &ALIGN, &rows(d), &lines(d))
 }
 
 /// `bands.csv`'s rows on the device's clock: the band's device ms/token (median and range over

@@ -3,12 +3,10 @@
 //! beside the profile's band figure with theirs (`opledger_core::device_clock`). The table, the
 //! lines and the CSV rows come from here; the JSON is the summary's `device_clock`.
 
-use std::fmt::Write as _;
-
 use opledger_core::device_clock::DeviceClockSummary;
 use opledger_core::stats::Spread;
 
-use crate::table::{markdown_table, text_table, Align};
+use crate::table::{markdown_section, text_section, Align};
 
 pub(crate) const HEADER: [&str; 8] = [
     "band",
@@ -128,32 +126,19 @@ pub(crate) fn lines(d: &DeviceClockSummary) -> Vec<String> {
 
 /// The terminal section.
 pub fn device_clock_text(d: &DeviceClockSummary) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "\n{}\n{}\n",
-        title(d),
-        text_table(&HEADER, &ALIGN, &rows(d))
-    );
-    for l in lines(d) {
-        let _ = writeln!(out, "{l}");
-    }
-    out
+    text_section(&title(d), &HEADER, &ALIGN, &rows(d), &lines(d))
 }
 
 /// The markdown section.
 pub fn device_clock_markdown(d: &DeviceClockSummary) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "\n### Device clock\n\n{}\n\n{}\n",
-        title(d),
-        markdown_table(&HEADER, &ALIGN, &rows(d))
-    );
-    for l in lines(d) {
-        let _ = writeln!(out, "- {l}");
-    }
-    out
+    markdown_section(
+        "Device clock",
+        &title(d),
+        &HEADER,
+        &ALIGN,
+        &rows(d),
+        &lines(d),
+    )
 }
 
 /// `bands.csv`'s rows of the device clock: per band its device TIMED ms/token under clock

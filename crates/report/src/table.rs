@@ -24,6 +24,43 @@ pub fn markdown_table(header: &[&str], align: &[Align], rows: &[Vec<String>]) ->
     build(presets::ASCII_MARKDOWN, header, align, rows)
 }
 
+/// A terminal section: a blank line, its title, the table, a blank line, then one line per note.
+pub fn text_section(
+    title: &str,
+    header: &[&str],
+    align: &[Align],
+    rows: &[Vec<String>],
+    notes: &[String],
+) -> String {
+    let mut out = format!("\n{title}\n{}\n\n", text_table(header, align, rows));
+    for l in notes {
+        out.push_str(l);
+        out.push('\n');
+    }
+    out
+}
+
+/// A markdown section: `### heading`, its title, the table, then one bullet per note.
+pub fn markdown_section(
+    heading: &str,
+    title: &str,
+    header: &[&str],
+    align: &[Align],
+    rows: &[Vec<String>],
+    notes: &[String],
+) -> String {
+    let mut out = format!(
+        "\n### {heading}\n\n{title}\n\n{}\n\n",
+        markdown_table(header, align, rows)
+    );
+    for l in notes {
+        out.push_str("- ");
+        out.push_str(l);
+        out.push('\n');
+    }
+    out
+}
+
 /// Text for a cell of a hand-written markdown table: a `|` would end the cell.
 pub fn markdown_cell(text: &str) -> String {
     text.replace('|', "\\|")

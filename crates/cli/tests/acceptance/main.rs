@@ -62,6 +62,37 @@ impl Claims {
     }
 
     /// A claim that is a yes or no (a verdict, a check's status).
+    /// The op group of an op diff (its JSON) with the largest B/A is `op`.
+    fn op_moved_most(
+        &mut self,
+        name: &str,
+        op_diff: &serde_json::Value,
+        op: &str,
+    ) -> Result<(), String> {
+        let largest = op_diff["ops"]
+            .as_array()
+            .ok_or("no op diff")?
+            .iter()
+            .filter(|o| o["ratio"].is_number())
+            .max_by(|p, q| {
+                p["ratio"]
+                    .as_f64()
+                    .unwrap_or(0.0)
+                    .total_cmp(&q["ratio"].as_f64().unwrap_or(0.0))
+            })
+            .ok_or("no op group timed")?;
+        self.says(
+            name,
+            &format!(
+                "{} {} B/A {}",
+                largest["op"], largest["name"], largest["ratio"]
+            ),
+            op,
+            largest["op"] == op,
+        );
+        Ok(())
+    }
+
     fn says(&mut self, name: &str, said: &str, bound: &str, pass: bool) {
         self.list.push(Claim {
             group: self.group,
@@ -663,26 +694,11 @@ fn two_builds(x: &Ctx, c: &mut Claims) -> Result<(), String> {
             format!("[{}-{}] {verdict}", j["ratio_lo"], j["ratio_hi"]),
         );
     }
-    let ops = s["op_diff"]["ops"].as_array().ok_or("no op diff")?;
-    let largest = ops
-        .iter()
-        .filter(|o| o["ratio"].is_number())
-        .max_by(|p, q| {
-            p["ratio"]
-                .as_f64()
-                .unwrap_or(0.0)
-                .total_cmp(&q["ratio"].as_f64().unwrap_or(0.0))
-        })
-        .ok_or("no op group timed")?;
-    c.says(
+    c.op_moved_most(
         "slowed GEGLU: the op that moved most",
-        &format!(
-            "{} {} B/A {}",
-            largest["op"], largest["name"], largest["ratio"]
-        ),
+        &s["op_diff"],
         "GEGLU",
-        largest["op"] == "GEGLU",
-    );
+    )?;
     let r = ab(
         x,
         &model,
@@ -1018,27 +1034,11 @@ fn bisect(x: &Ctx, c: &mut Claims) -> Result<(), String> {
             verdict.to_string(),
         );
     }
-    let largest = fb["op_diff"]["ops"]
-        .as_array()
-        .ok_or("no op diff")?
-        .iter()
-        .filter(|o| o["ratio"].is_number())
-        .max_by(|p, q| {
-            p["ratio"]
-                .as_f64()
-                .unwrap_or(0.0)
-                .total_cmp(&q["ratio"].as_f64().unwrap_or(0.0))
-        })
-        .ok_or("no op group timed")?;
-    c.says(
+    c.op_moved_most(
         "first bad against its parent: the op that moved most",
-        &format!(
-            "{} {} B/A {}",
-            largest["op"], largest["name"], largest["ratio"]
-        ),
+        &fb["op_diff"],
         "SWIGLU",
-        largest["op"] == "SWIGLU",
-    );
+    )?;
     c.add(
         "wall time: builds",
         num(&r["wall"]["build_seconds"], "builds")?,
