@@ -512,6 +512,7 @@ fn build(
         one_process_fused_ms: Vec::new(),
         one_process_outputs: None,
         one_process_skipped: None,
+        outputs_compared: Vec::new(),
     };
     let band_rules = BandRules {
         architectures: vec!["*".into()],

@@ -236,6 +236,11 @@ impl Sweep {
             graph.len(),
             decode_graph.len(),
             &mut store,
+            // a device backend may fuse ops in FUSED and not in TIMED: compare the logits
+            graph.iter().any(|n| {
+                n.op != opledger_core::split::TRANSFER_OP
+                    && n.device.as_deref().is_some_and(|d| d != "CPU")
+            }),
             &mut |done, total, what| ui.progress(done, total, what),
         )
         .with_context(|| {

@@ -33,6 +33,9 @@ pub struct MockEngine {
     pub calibration_us: Option<f64>,
     /// The logits every run returns (one row per requested output).
     pub logits: Vec<f32>,
+    /// The logits a TIMED run returns instead, where set: a backend that fuses ops when it runs
+    /// the graph whole and cannot when each node is its own submission.
+    pub timed_logits: Option<Vec<f32>>,
     /// Relative growth of an attention node's cost per token of depth.
     pub attention_growth: f64,
     /// A scripted device clock (`crate::device_clock`): every run reports the device's own
@@ -46,6 +49,8 @@ pub struct MockEngine {
     sweep: Option<(Work, [u32; 2])>,
     /// The output reader's chunk positions and next greedy step.
     outputs: Option<(u32, u32)>,
+    /// The mode of the last [`Engine::run`].
+    last_mode: Option<Mode>,
 }
 
 impl MockEngine {
@@ -223,12 +228,14 @@ impl MockEngine {
             noise: vec![1.0],
             calibration_us: None,
             logits: vec![0.5, 2.0, -1.0],
+            timed_logits: None,
             attention_growth: 0.0,
             device_clock: false,
             runs: 0,
             prepared: None,
             sweep: None,
             outputs: None,
+            last_mode: None,
         }
     }
 
@@ -313,6 +320,14 @@ impl MockEngine {
         })
     }
 
+    /// The logits a run in `mode` computes.
+    fn run_logits(&self, mode: Option<Mode>) -> &Vec<f32> {
+        match (&self.timed_logits, mode) {
+            (Some(t), Some(Mode::Timed)) => t,
+            _ => &self.logits,
+        }
+    }
+
     fn noise(&mut self) -> f64 {
         let n = self.noise[self.runs % self.noise.len()];
         self.runs += 1;
@@ -353,7 +368,7 @@ impl Engine for MockEngine {
             Some(_) => 1,
             None => return Err(EngineError::Failed("logits() before prepare()".into())),
         };
-        Ok(vec![self.logits.clone(); rows])
+        Ok(vec![self.run_logits(self.last_mode).clone(); rows])
     }
 
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
@@ -362,7 +377,12 @@ impl Engine for MockEngine {
         };
         // a decode run sums its steps, each step costing the same
         let costs = self.costs_at(work.depth_tokens);
-        self.timing(mode, &costs, work.decode_tokens.max(1) as f64)
+        let mut t = self.timing(mode, &costs, work.decode_tokens.max(1) as f64)?;
+        self.last_mode = Some(mode);
+        if self.timed_logits.is_some() {
+            t.output_hash = crate::tokens::hash_f32(self.run_logits(Some(mode)));
+        }
+        Ok(t)
     }
 
     fn supports(&self, c: Capability) -> bool {
@@ -485,7 +505,12 @@ impl SweepEngine for MockEngine {
             s.1[slot(mode)] = index + 1;
         }
         let costs = self.costs_at(index * work.chunk_tokens);
-        self.timing(mode, &costs, 1.0)
+        let mut t = self.timing(mode, &costs, 1.0)?;
+        self.last_mode = Some(mode);
+        if self.timed_logits.is_some() {
+            t.output_hash = crate::tokens::hash_f32(self.run_logits(Some(mode)));
+        }
+        Ok(t)
     }
 
     fn pass_decode(

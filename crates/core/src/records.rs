@@ -213,6 +213,7 @@ impl RecordRun {
             one_process_fused_ms: Vec::new(),
             one_process_outputs: None,
             one_process_skipped: None,
+            outputs_compared: Vec::new(),
         }
     }
 }

@@ -220,7 +220,22 @@ pub(crate) fn figures(s: &ProfileSummary) -> Vec<String> {
             } else if s.outputs_identical {
                 "bit-identical across modes".into()
             } else {
-                "DIFFER between runs".into()
+                match (
+                    s.outputs_max_nmse,
+                    s.checks
+                        .iter()
+                        .find(|c| c.name == "outputs")
+                        .map(|c| c.status),
+                ) {
+                    (Some(n), Some(CheckStatus::Pass)) => {
+                        format!(
+                            "within NMSE {n:.1e} across modes (bound {:.0e}: the device backend fuses ops when it runs the graph whole, not in TIMED)",
+                            opledger_core::profile::DEVICE_MODES_MAX_NMSE
+                        )
+                    }
+                    (Some(n), _) => format!("DIFFER between runs (NMSE up to {n:.1e})"),
+                    (None, _) => "DIFFER between runs".into(),
+                }
             }
         ),
     ]

@@ -1196,6 +1196,8 @@ impl SweepEngine for WorkerEngine {
             .ok_or_else(|| EngineError::Failed("no work".into()))?;
         let (tokens, pos0) = self.sweep_tokens(&work, index)?;
         let d = self.decode(mode, &tokens, pos0, work.all_logits, observe(mode))?;
+        // logits() reads this mode's context: the chunk's last token
+        self.last_mode = Some(mode);
         Self::check_finite(&format!("the {} run", mode.label()), &d)?;
         let hash = chunk_hash(&d, work.all_logits);
         if let Some(s) = self.sweep.as_mut() {

@@ -6,7 +6,9 @@
 //! a profile (every node's device, coverage 100 %, the scheduler's copies as TRANSFER nodes in
 //! `network`, each device's isolation, outputs bit-identical across modes, the device's own
 //! clock per band beside the host's), a sweep over two depths, and an A/B of the CPU worker
-//! against the Vulkan worker through the output gate. Nothing here asserts a timing: lavapipe is
+//! against the Vulkan worker through the output gate; and the tiny MoE, whose modes differ only
+//! by ggml-vulkan's fusions, within the outputs check's stated device bound (a profile with and
+//! without the fusions, and a sweep). Nothing here asserts a timing: lavapipe is
 //! 50-200x slower than the CPU backend and the machine is shared; the ratios of the two clocks
 //! are printed, never bounded.
 //!
@@ -412,4 +414,130 @@ fn an_a_b_of_the_cpu_worker_against_the_vulkan_worker_passes_the_output_gate() {
         serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
     let set = &m["engine"]["settings"];
     assert_ne!(set["a.worker_blake3"], set["b.worker_blake3"], "{set}");
+}
+
+/// The tiny MoE (qwen35moe, the built-in default) on Vulkan0: ggml-vulkan fuses neighbouring
+/// ops when it runs the graph whole (FUSED: RMS_NORM with MUL, the router's softmax and top-k,
+/// among others) and cannot when each node is its own submission (TIMED), so the two modes'
+/// logits differ in their last bits. The profile's outputs check compares them by NMSE under
+/// the stated device bound and passes; with the fusions switched off
+/// (`GGML_VK_DISABLE_FUSION=1`) the same profile is bit-identical across modes, which shows
+/// the fusion is what differs. A sweep over two depths compares its pairs the same way (flash
+/// attention off: this model's attention at depth with flash attention crashes lavapipe, a
+/// SIGSEGV inside `libvulkan_lvp.so`).
+#[test]
+fn the_tiny_moe_on_vulkan0_differs_across_modes_only_by_fusion_within_the_stated_bound() {
+    let w = worker();
+    let _machine = crate::machine::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny-qwen35moe.gguf");
+    opledger_gguf::synthesize(
+        &opledger_gguf::SynthOptions::new("tiny-qwen35moe"),
+        &model,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let profile = |name: &str, env: &[(&str, &str)]| {
+        let run = dir.path().join(name);
+        let t0 = std::time::Instant::now();
+        let o = run_ok(
+            opledger()
+                .envs(env.iter().copied())
+                .args(["profile", "-p", "16", "-r", "2", "-t", "2", "-g", "99"])
+                .args(["--no-noise-gate", "--json", "--llama-worker"])
+                .arg(w)
+                .arg("-m")
+                .arg(&model)
+                .arg("-o")
+                .arg(&run),
+        );
+        eprintln!(
+            "vulkan: profile of the tiny MoE ({name}) in {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
+        let s: ProfileSummary = serde_json::from_slice(&o.stdout).unwrap();
+        let raw = ProfileRaw::read(&run.join("raw.json")).unwrap();
+        let c = s
+            .checks
+            .iter()
+            .find(|c| c.name == "outputs")
+            .unwrap()
+            .clone();
+        (s, raw, c, run)
+    };
+    let (s, raw, c, run) = profile("fused", &[]);
+    assert_eq!(c.status, CheckStatus::Pass, "{}", c.detail);
+    assert!(
+        !s.outputs_identical,
+        "the fused Vulkan kernels computed FUSED's logits bit for bit as TIMED's: the tolerance is no longer exercised here ({})",
+        c.detail
+    );
+    // every distinct hash but the first compared, TIMED among them, within the bound
+    let distinct: std::collections::BTreeSet<&String> =
+        raw.output_hashes.values().flatten().collect();
+    assert_eq!(raw.outputs_compared.len() + 1, distinct.len());
+    assert!(raw.outputs_compared.iter().any(|m| m.mode == "timed"));
+    let nmse = s.outputs_max_nmse.unwrap();
+    assert!(
+        nmse > 0.0 && nmse <= opledger_core::profile::DEVICE_MODES_MAX_NMSE,
+        "{nmse}"
+    );
+    assert!(
+        c.detail.contains("Vulkan0") && c.detail.contains("5e-4"),
+        "{}",
+        c.detail
+    );
+    let table = std::fs::read_to_string(run.join("table.txt")).unwrap();
+    assert!(table.contains("within NMSE"), "{table}");
+    eprintln!(
+        "vulkan: tiny MoE, FUSED against TIMED: NMSE {nmse:.2e} ({})",
+        c.detail
+    );
+    crate::assert_report_reproduces_summary(&run);
+
+    let (s, raw, c, _) = profile("unfused", &[("GGML_VK_DISABLE_FUSION", "1")]);
+    assert!(s.outputs_identical, "{}", c.detail);
+    assert!(raw.outputs_compared.is_empty());
+    assert_eq!(c.status, CheckStatus::Pass, "{}", c.detail);
+
+    let run = dir.path().join("sweep");
+    let t0 = std::time::Instant::now();
+    run_ok(
+        opledger()
+            .args([
+                "sweep",
+                "-q",
+                "-p",
+                "16",
+                "--max-depth",
+                "16",
+                "-r",
+                "2",
+                "-t",
+                "2",
+            ])
+            .args(["-g", "99", "--flash-attn", "off", "--llama-worker"])
+            .arg(w)
+            .arg("-m")
+            .arg(&model)
+            .arg("-o")
+            .arg(&run),
+    );
+    eprintln!(
+        "vulkan: sweep of the tiny MoE over depths 0 and 16 in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    let c = s["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "outputs")
+        .unwrap();
+    assert_eq!(c["status"], "pass", "{c}");
+    assert!(
+        c["detail"].as_str().unwrap().contains("not bit-identical"),
+        "{c}"
+    );
 }

@@ -1,7 +1,10 @@
 //! The checks of a profile summary: coverage, audit, the census, agreement, overhead, outputs
 //! identical and finite, the noise gate, enough cycles.
 
-use super::{Check, CheckStatus, ProfileRaw, ProfileSummary, AGREEMENT_GOAL, OVERHEAD_GOAL};
+use super::{
+    Check, CheckStatus, ProfileRaw, ProfileSummary, AGREEMENT_GOAL, DEVICE_MODES_MAX_NMSE,
+    OVERHEAD_GOAL,
+};
 use crate::band::{Assignment, AuditFinding, UNASSIGNED};
 use crate::noise::{GateConfig, GateStats};
 
@@ -66,6 +69,107 @@ pub(super) struct Figures<'a> {
     pub overhead: Option<f64>,
     /// Every run of every mode computed bit-identical logits.
     pub identical: bool,
+}
+
+/// The largest NMSE of a run's logits against the first run's, over the runs whose hash
+/// differed (NaN where a row was not finite); `None` where none was compared.
+pub(super) fn outputs_max_nmse(raw: &ProfileRaw) -> Option<f64> {
+    let rows = raw.outputs_compared.iter().flat_map(|c| &c.rows);
+    rows.map(|r| r.nmse).reduce(|a, b| {
+        if a.is_nan() || b.is_nan() {
+            f64::NAN
+        } else {
+            a.max(b)
+        }
+    })
+}
+
+/// The check "outputs": every run of every mode bit-identical, or, where the graph runs on a
+/// device other than the CPU, every differing run's logits within [`DEVICE_MODES_MAX_NMSE`] of
+/// the first run's, the bound and its reason stated.
+fn outputs_check(raw: &ProfileRaw, identical: bool) -> Check {
+    let check = |status, detail| Check {
+        name: "outputs".into(),
+        status,
+        detail,
+    };
+    if raw.output_hashes.is_empty() {
+        // node records and imported traces carry no outputs: nothing was compared
+        return check(
+            CheckStatus::Warn,
+            format!("{NOT_MEASURED}: the run recorded no output hashes"),
+        );
+    }
+    if identical {
+        return check(
+            CheckStatus::Pass,
+            "every run of every mode returned bit-identical logits".into(),
+        );
+    }
+    let modes: Vec<String> = raw
+        .output_hashes
+        .iter()
+        .map(|(m, h)| format!("{m} {}", h.join("/")))
+        .collect();
+    // every distinct hash but the reference's compared
+    let distinct: std::collections::BTreeSet<&String> =
+        raw.output_hashes.values().flatten().collect();
+    let Some(max) =
+        outputs_max_nmse(raw).filter(|_| distinct.len() == raw.outputs_compared.len() + 1)
+    else {
+        return check(
+            CheckStatus::Fail,
+            format!(
+                "runs returned different logits (hashes: {}); by how much was not measured: the engine does not expose its logits",
+                modes.join(", ")
+            ),
+        );
+    };
+    let devices: std::collections::BTreeSet<&str> = raw
+        .graph
+        .iter()
+        .filter(|n| n.op != crate::split::TRANSFER_OP)
+        .filter_map(|n| n.device.as_deref())
+        .filter(|d| *d != "CPU")
+        .collect();
+    let pairs: Vec<String> = raw
+        .outputs_compared
+        .iter()
+        .map(|c| {
+            let worst = c.rows.iter().map(|r| r.nmse).fold(0.0, f64::max);
+            let top1 = c.rows.iter().filter(|r| r.a_top == r.b_top).count();
+            format!(
+                "{} against {}: NMSE {worst:.2e}, top-1 the same on {top1} of {} rows",
+                c.mode,
+                c.against_mode,
+                c.rows.len()
+            )
+        })
+        .collect();
+    if devices.is_empty() {
+        return check(
+            CheckStatus::Fail,
+            format!(
+                "runs returned different logits ({}) on the CPU alone, where no mode may change the arithmetic",
+                pairs.join("; ")
+            ),
+        );
+    }
+    let devices: Vec<&str> = devices.into_iter().collect();
+    let within = max <= DEVICE_MODES_MAX_NMSE;
+    check(
+        if within {
+            CheckStatus::Pass
+        } else {
+            CheckStatus::Fail
+        },
+        format!(
+            "not bit-identical: {}; bound NMSE {DEVICE_MODES_MAX_NMSE:.0e} (test-backend-ops' for MUL_MAT, a device kernel against the CPU's) because on {} the backend fuses neighbouring ops when it runs the graph whole and cannot when each node is its own submission (TIMED), and a fused kernel rounds differently{}",
+            pairs.join("; "),
+            devices.join(", "),
+            if within { "" } else { ": BEYOND the bound" }
+        ),
+    )
 }
 
 /// The checks of a summary, in the order they are shown (the census goes in later, after
@@ -147,24 +251,7 @@ pub(super) fn checks(raw: &ProfileRaw, assignments: &[Assignment], f: &Figures<'
                 ),
             },
         },
-        Check {
-            name: "outputs".into(),
-            status: if raw.output_hashes.is_empty() {
-                CheckStatus::Warn
-            } else if identical {
-                CheckStatus::Pass
-            } else {
-                CheckStatus::Fail
-            },
-            detail: if raw.output_hashes.is_empty() {
-                // node records and imported traces carry no outputs: nothing was compared
-                format!("{NOT_MEASURED}: the run recorded no output hashes")
-            } else if identical {
-                "every run of every mode returned bit-identical logits".into()
-            } else {
-                "runs returned different logits".into()
-            },
-        },
+        outputs_check(raw, identical),
         Check {
             name: "finite".into(),
             status: if raw.outputs_checked_finite {

@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use super::{CycleRecord, ProfileConfig, ProfileRaw, PROFILE_SCHEMA_VERSION};
+use super::{CycleRecord, ModesCompared, ProfileConfig, ProfileRaw, PROFILE_SCHEMA_VERSION};
 use crate::engine::{Engine, EngineError, Mode};
 use crate::node::NodeInfo;
 use crate::noise::{Gate, RunNoise};
+use crate::outputs::{compare_rows, At};
 
 /// The orders cycles rotate through: FUSED and FUSED-observed stay adjacent (their ratio is the
 /// overhead), and each mode takes each position.
@@ -42,14 +43,8 @@ pub fn measure_with(
     progress("capturing graph", 0, 1);
     let graph = engine.graph()?;
     on_graph(&graph);
-    let mut hashes: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut note = |mode: Mode, h: u64| {
-        let list = hashes.entry(mode.label().to_string()).or_default();
-        let h = format!("{h:016x}");
-        if !list.contains(&h) {
-            list.push(h);
-        }
-    };
+    let mut outputs = Outputs::default();
+    let note = &mut outputs;
     for w in 0..cfg.warmup {
         progress("warm-up", w, cfg.warmup);
         for mode in ORDERS[0] {
@@ -62,19 +57,13 @@ pub fn measure_with(
     for c in 0..cfg.cycles {
         progress("measuring", c, cfg.cycles);
         let order = ORDERS[c as usize % ORDERS.len()];
-        cycles.push(measure_cycle(
-            engine,
-            &mut gate,
-            &mut note,
-            order,
-            graph.len(),
-        )?);
+        cycles.push(measure_cycle(engine, &mut gate, note, order, graph.len())?);
     }
     let mut overhead_pairs = Vec::with_capacity(cfg.overhead_pairs as usize);
     let mut overhead_pairs_noise = Vec::with_capacity(cfg.overhead_pairs as usize);
     for p in 0..cfg.overhead_pairs {
         progress("overhead pairs", p, cfg.overhead_pairs);
-        let (pair, noise) = overhead_pair(engine, &mut gate, &mut note, p)?;
+        let (pair, noise) = overhead_pair(engine, &mut gate, note, p)?;
         overhead_pairs.push(pair);
         overhead_pairs_noise.push(noise);
     }
@@ -89,7 +78,7 @@ pub fn measure_with(
         config: cfg.clone(),
         graph,
         cycles,
-        output_hashes: hashes,
+        output_hashes: outputs.hashes,
         overhead_pairs,
         overhead_pairs_noise,
         gate: gate.stats,
@@ -98,7 +87,63 @@ pub fn measure_with(
         one_process_fused_ms: Vec::new(),
         one_process_outputs: None,
         one_process_skipped: None,
+        outputs_compared: outputs.compared,
     })
+}
+
+/// What the measured runs computed: each mode's distinct output hashes and, for every hash that
+/// differs from the first run's, its logits compared with that run's.
+#[derive(Default)]
+struct Outputs {
+    hashes: BTreeMap<String, Vec<String>>,
+    /// The first measured run's mode, hash and logits (`None` until read).
+    reference: Option<(Mode, u64, Vec<Vec<f32>>)>,
+    /// Hashes whose logits were read.
+    read: Vec<u64>,
+    /// The engine does not expose its logits: hashes alone say whether the modes agree.
+    no_logits: bool,
+    compared: Vec<ModesCompared>,
+}
+
+impl Outputs {
+    /// Notes the run just made in `mode` with output hash `h`. The first run's logits, and
+    /// those of each run with a hash not seen before, are read from the engine (after the run,
+    /// outside its timing) and compared with the first's.
+    fn note(&mut self, engine: &mut dyn Engine, mode: Mode, h: u64) -> Result<(), EngineError> {
+        let list = self.hashes.entry(mode.label().to_string()).or_default();
+        let hex = format!("{h:016x}");
+        if !list.contains(&hex) {
+            list.push(hex);
+        }
+        if self.no_logits || self.read.contains(&h) {
+            return Ok(());
+        }
+        let logits = match engine.logits() {
+            Ok(l) => l,
+            Err(EngineError::Unsupported { .. } | EngineError::Lacks { .. }) => {
+                self.no_logits = true;
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        self.read.push(h);
+        match &self.reference {
+            None => self.reference = Some((mode, h, logits)),
+            Some((ref_mode, ref_h, ref_rows)) => self.compared.push(ModesCompared {
+                mode: mode.label().into(),
+                hash: format!("{h:016x}"),
+                against_mode: ref_mode.label().into(),
+                against_hash: format!("{ref_h:016x}"),
+                rows: ref_rows
+                    .iter()
+                    .zip(&logits)
+                    .enumerate()
+                    .map(|(i, (a, b))| compare_rows(At::Position(i as u32), a, b))
+                    .collect(),
+            }),
+        }
+        Ok(())
+    }
 }
 
 /// One measured cycle: the three modes in `order` through the noise gate, each run's output
@@ -106,7 +151,7 @@ pub fn measure_with(
 fn measure_cycle(
     engine: &mut dyn Engine,
     gate: &mut Gate,
-    note: &mut dyn FnMut(Mode, u64),
+    note: &mut Outputs,
     order: [Mode; 3],
     nodes: usize,
 ) -> Result<CycleRecord, EngineError> {
@@ -115,7 +160,7 @@ fn measure_cycle(
     for mode in order {
         let (r, n) = gate.run(|| engine.run(mode))?;
         noise.push(n);
-        note(mode, r.output_hash);
+        note.note(engine, mode, r.output_hash)?;
         match mode {
             Mode::Fused => fused = Some(r),
             Mode::FusedObserved => observed = Some(r),
@@ -161,7 +206,7 @@ type PairWithNoise = ((f64, f64), (RunNoise, RunNoise));
 fn overhead_pair(
     engine: &mut dyn Engine,
     gate: &mut Gate,
-    note: &mut dyn FnMut(Mode, u64),
+    note: &mut Outputs,
     p: u32,
 ) -> Result<PairWithNoise, EngineError> {
     let order = if p.is_multiple_of(2) {
@@ -173,7 +218,7 @@ fn overhead_pair(
     let (mut fused_noise, mut observed_noise) = (RunNoise::default(), RunNoise::default());
     for mode in order {
         let (r, n) = gate.run(|| engine.run(mode))?;
-        note(mode, r.output_hash);
+        note.note(engine, mode, r.output_hash)?;
         if mode == Mode::Fused {
             (fused, fused_noise) = (r.wall_ms, n);
         } else {

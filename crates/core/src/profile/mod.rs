@@ -115,7 +115,39 @@ pub struct ProfileRaw {
     /// whole model would not fit this machine's memory, or the run failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub one_process_skipped: Option<String>,
+    /// Each run whose logits hashed differently from the first run's, its logits compared with
+    /// that run's row by row (read once per distinct hash, outside the timed runs). Empty when
+    /// every run computed bit-identical logits or the engine does not expose its logits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs_compared: Vec<ModesCompared>,
 }
+
+/// The logits of a run whose hash differed from the reference run's (the first measured),
+/// compared with the reference's row by row under the A/B gate's arithmetic
+/// ([`crate::outputs::compare_rows`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModesCompared {
+    /// The mode (label) and output hash of the run that differed.
+    pub mode: String,
+    pub hash: String,
+    /// The reference run's mode and hash.
+    pub against_mode: String,
+    pub against_hash: String,
+    /// One finding per row of logits (a prefill chunk's last token; a decode run's sequences).
+    pub rows: Vec<crate::outputs::RowFinding>,
+}
+
+/// The largest NMSE between the logits of two modes of one profile that still counts as the
+/// same output where the graph runs on a device other than the CPU: `test-backend-ops`' bound for
+/// MUL_MAT, llama.cpp's own tolerance for a device's kernel against the CPU's, and the bound the
+/// A/B of a CPU build against a device build is held to. A device backend fuses neighbouring
+/// ops when it runs the graph whole (FUSED; ggml-vulkan fuses RMS_NORM with MUL, MUL_MAT with
+/// ADD, the MoE router's softmax and top-k, among others) and cannot when each node is its own
+/// submission (TIMED); a fused kernel rounds differently, each within `test-backend-ops`' 1e-7
+/// of the unfused ops, and the model carries it to the logits (3e-6 on the tiny MoE on
+/// lavapipe; with `GGML_VK_DISABLE_FUSION=1` the modes agree bit for bit). On the CPU no mode
+/// may change the arithmetic, and the modes must agree bit for bit.
+pub const DEVICE_MODES_MAX_NMSE: f64 = 5e-4;
 
 impl ProfileRaw {
     /// Reads a run's `raw.json`, refusing a newer or unknown schema version.
@@ -261,6 +293,11 @@ pub struct ProfileSummary {
     pub overhead_of_minimums: f64,
     /// Every run of every mode computed bit-identical logits.
     pub outputs_identical: bool,
+    /// Where they did not: the largest NMSE of a differing run's logits against the first
+    /// run's ([`ProfileRaw::outputs_compared`]); `None` where nothing was compared (and, read
+    /// back, where a row was not finite: the check says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs_max_nmse: Option<f64>,
     /// The noise gate: runs kept, rejected and retaken, kept although still noisy.
     pub noise_gate: crate::noise::GateStats,
     pub nodes: u32,

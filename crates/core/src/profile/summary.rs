@@ -157,6 +157,7 @@ pub fn summarise(
             walls.observed_all.min() / walls.fused_all.min(),
         ),
         outputs_identical: identical,
+        outputs_max_nmse: super::checks::outputs_max_nmse(raw),
         noise_gate: raw.gate,
         nodes: n as u32,
         view_nodes: raw.graph.iter().filter(|g| g.is_view).count() as u32,

@@ -427,6 +427,7 @@ fn a_band_point_lies_within_its_range() {
         one_process_fused_ms: Vec::new(),
         one_process_outputs: None,
         one_process_skipped: None,
+        outputs_compared: Vec::new(),
     };
     let rules = BandRules::builtin("qwen35moe").unwrap();
     let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
@@ -504,6 +505,7 @@ fn a_decode_remainder_is_taken_from_every_working_node_not_by_share() {
         one_process_fused_ms: Vec::new(),
         one_process_outputs: None,
         one_process_skipped: None,
+        outputs_compared: Vec::new(),
     };
     let rules = BandRules::builtin("qwen35moe").unwrap();
     let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
@@ -570,6 +572,7 @@ fn a_band_stopped_at_zero_by_the_isolation_removal_is_said_so() {
         one_process_fused_ms: Vec::new(),
         one_process_outputs: None,
         one_process_skipped: None,
+        outputs_compared: Vec::new(),
     };
     let rules = BandRules::builtin("qwen35moe").unwrap();
     let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
@@ -858,4 +861,70 @@ fn a_node_time_that_is_not_finite_is_refused() {
         Err(SummaryError::BadSample(what)) => assert_eq!(what, "node times"),
         other => panic!("expected node times refused, got {:?}", other.map(|_| ())),
     }
+}
+
+#[test]
+fn modes_that_differ_are_compared_by_nmse_within_a_stated_bound_off_the_cpu_and_fail_on_it() {
+    let rules = BandRules::builtin("qwen35moe").unwrap();
+    let arch = ArchInfo::from_metadata(&qwen35moe_md(4)).unwrap();
+    // TIMED's logits off by 2^-10 in one value of three: NMSE = 2^-20 / (0.25 + 4 + 1)
+    let off_by = |d: f32, device: &str| {
+        let mut e = MockEngine::new(&NODES);
+        e.timed_logits = Some(vec![0.5, 2.0 + d, -1.0]);
+        for n in &mut e.graph {
+            n.device = Some(device.into());
+        }
+        let raw = measure(&mut e, &cfg(4), &mut |_, _, _| {}).unwrap();
+        let s = analyse(&raw, &rules, &arch).unwrap().1;
+        let c = s
+            .checks
+            .iter()
+            .find(|c| c.name == "outputs")
+            .unwrap()
+            .clone();
+        (raw, s, c)
+    };
+    let small = 2f64.powi(-20) / 5.25;
+    let (raw, s, c) = off_by(2f32.powi(-10), "Vulkan0");
+    // FUSED's and FUSED-observed's hash, TIMED's: one comparison, TIMED against the first run
+    // (FUSED, the first mode of the first order), its logits read once
+    assert_eq!(raw.outputs_compared.len(), 1, "{:?}", raw.outputs_compared);
+    let cmp = &raw.outputs_compared[0];
+    assert_eq!(
+        (cmp.mode.as_str(), cmp.against_mode.as_str()),
+        ("timed", "fused")
+    );
+    assert_eq!(cmp.rows.len(), 1);
+    assert!((cmp.rows[0].nmse - small).abs() < 1e-12 * small.max(1.0));
+    assert!(!s.outputs_identical);
+    assert_eq!(s.outputs_max_nmse, Some(cmp.rows[0].nmse));
+    assert_eq!(c.status, CheckStatus::Pass, "{}", c.detail);
+    for said in ["not bit-identical", "1.82e-7", "5e-4", "Vulkan0", "fuses"] {
+        assert!(c.detail.contains(said), "{said}: {}", c.detail);
+    }
+    // beyond the bound: 2^-3, NMSE 2^-6 / 5.25 = 2.98e-3
+    let (_, s, c) = off_by(2f32.powi(-3), "Vulkan0");
+    assert_eq!(c.status, CheckStatus::Fail, "{}", c.detail);
+    assert!(c.detail.contains("BEYOND the bound"), "{}", c.detail);
+    assert!((s.outputs_max_nmse.unwrap() - 2f64.powi(-6) / 5.25).abs() < 1e-12);
+    // on the CPU no difference is allowed, however small
+    let (_, _, c) = off_by(2f32.powi(-10), "CPU");
+    assert_eq!(c.status, CheckStatus::Fail, "{}", c.detail);
+    assert!(c.detail.contains("on the CPU alone"), "{}", c.detail);
+    // an engine that cannot show its logits: the hashes alone, a failure that says so
+    let (mut raw, _, _) = off_by(2f32.powi(-10), "Vulkan0");
+    raw.outputs_compared.clear();
+    let s = analyse(&raw, &rules, &arch).unwrap().1;
+    let c = s.checks.iter().find(|c| c.name == "outputs").unwrap();
+    assert_eq!(c.status, CheckStatus::Fail);
+    assert!(
+        c.detail.contains("does not expose its logits"),
+        "{}",
+        c.detail
+    );
+    assert_eq!(s.outputs_max_nmse, None);
+    // bit-identical modes read one set of logits and compare nothing
+    let mut e = MockEngine::new(&NODES);
+    let raw = measure(&mut e, &cfg(4), &mut |_, _, _| {}).unwrap();
+    assert!(raw.outputs_compared.is_empty());
 }

@@ -47,15 +47,22 @@ pub struct ChunkRecord {
     /// Per-node µs of a TIMED unit, in graph order (decode: summed over the steps); empty for
     /// FUSED.
     pub node_us: Vec<f32>,
+    /// The second unit of a FUSED/TIMED pair whose output hash differed from the first's: the
+    /// largest NMSE of its logits against the first's, row by row
+    /// ([`crate::outputs::compare_rows`], NaN where a row was not finite); `None` where not
+    /// compared (the hashes agreed, the engine did not expose its logits, or the unit is the
+    /// first of its pair).
+    pub outputs_nmse: Option<f64>,
 }
 
 const RECORD_MAGIC: &[u8; 4] = b"OPLC";
 /// Version 2 adds the phase, the output hash and the isolation cost; version 3 the isolation
-/// cost node by node.
-const RECORD_VERSION: u32 = 3;
+/// cost node by node; version 4 the NMSE of a pair's differing logits.
+const RECORD_VERSION: u32 = 4;
 const V1_HEADER_BYTES: usize = 4 + 4 + 4 + 4 + 4 + 4 + 8;
 const V2_HEADER_BYTES: usize = 4 + 4 * 6 + 8 + 8 + 8;
-pub(super) const RECORD_HEADER_BYTES: usize = V2_HEADER_BYTES + 4;
+const V3_HEADER_BYTES: usize = V2_HEADER_BYTES + 4;
+pub(super) const RECORD_HEADER_BYTES: usize = V3_HEADER_BYTES + 8;
 
 fn mode_code(mode: Mode) -> u32 {
     match mode {
@@ -85,8 +92,8 @@ impl ChunkRecord {
 
     /// Little-endian binary: magic, version, cycle, mode, chunk, phase, node count, wall (f64),
     /// output hash (u64), isolation cost (f64), the count of per-node isolation costs (u32: 0 or
-    /// the node count), then one f32 of µs per node and one f32 of isolation per node. About 4
-    /// bytes a node.
+    /// the node count), the outputs' NMSE (f64, infinite: not compared), then one f32 of µs per node
+    /// and one f32 of isolation per node. About 4 bytes a node.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(
             RECORD_HEADER_BYTES + 4 * (self.node_us.len() + self.isolation_node_us.len()),
@@ -106,13 +113,15 @@ impl ChunkRecord {
         out.extend_from_slice(&self.output_hash.to_le_bytes());
         out.extend_from_slice(&self.isolation_us.to_le_bytes());
         out.extend_from_slice(&(self.isolation_node_us.len() as u32).to_le_bytes());
+        // None as an infinity: NaN is a compared row that was not finite
+        out.extend_from_slice(&self.outputs_nmse.unwrap_or(f64::INFINITY).to_le_bytes());
         for v in self.node_us.iter().chain(&self.isolation_node_us) {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out
     }
 
-    /// Decodes a record (version 1, 2 or 3); `what` names it in errors (a file path).
+    /// Decodes a record (version 1 to 4); `what` names it in errors (a file path).
     pub fn decode(bytes: &[u8], what: &str) -> Result<ChunkRecord, SweepError> {
         let bad = |why: String| SweepError::BadRecord {
             what: what.to_string(),
@@ -134,53 +143,57 @@ impl ChunkRecord {
             2 => Mode::Timed,
             m => return Err(bad(format!("unknown mode {m}"))),
         };
-        let (phase, n, header, wall_ms, output_hash, isolation_us, iso_n) = match version {
-            1 => (
-                Phase::Prefill,
-                u(20) as usize,
-                V1_HEADER_BYTES,
-                f64::from_le_bytes(f(24)),
-                0,
-                0.0,
-                0,
-            ),
-            2 | 3 => {
-                let header = if version == 2 {
-                    V2_HEADER_BYTES
-                } else {
-                    RECORD_HEADER_BYTES
-                };
-                if bytes.len() < header {
-                    return Err(bad(format!("{} bytes: a truncated header", bytes.len())));
+        let (phase, n, header, wall_ms, output_hash, isolation_us, iso_n, outputs_nmse) =
+            match version {
+                1 => (
+                    Phase::Prefill,
+                    u(20) as usize,
+                    V1_HEADER_BYTES,
+                    f64::from_le_bytes(f(24)),
+                    0,
+                    0.0,
+                    0,
+                    None,
+                ),
+                2..=4 => {
+                    let header = match version {
+                        2 => V2_HEADER_BYTES,
+                        3 => V3_HEADER_BYTES,
+                        _ => RECORD_HEADER_BYTES,
+                    };
+                    if bytes.len() < header {
+                        return Err(bad(format!("{} bytes: a truncated header", bytes.len())));
+                    }
+                    let phase = match u(20) {
+                        0 => Phase::Prefill,
+                        1 => Phase::Decode,
+                        p => return Err(bad(format!("unknown phase {p}"))),
+                    };
+                    let n = u(24) as usize;
+                    let iso_n = if version >= 3 { u(52) as usize } else { 0 };
+                    if iso_n != 0 && iso_n != n {
+                        return Err(bad(format!(
+                            "{iso_n} per-node isolation costs for {n} nodes"
+                        )));
+                    }
+                    (
+                        phase,
+                        n,
+                        header,
+                        f64::from_le_bytes(f(28)),
+                        u64::from_le_bytes(f(36)),
+                        f64::from_le_bytes(f(44)),
+                        iso_n,
+                        Some(f64::from_le_bytes(f(56)))
+                            .filter(|v| version >= 4 && *v != f64::INFINITY),
+                    )
                 }
-                let phase = match u(20) {
-                    0 => Phase::Prefill,
-                    1 => Phase::Decode,
-                    p => return Err(bad(format!("unknown phase {p}"))),
-                };
-                let n = u(24) as usize;
-                let iso_n = if version == 3 { u(52) as usize } else { 0 };
-                if iso_n != 0 && iso_n != n {
+                v => {
                     return Err(bad(format!(
-                        "{iso_n} per-node isolation costs for {n} nodes"
-                    )));
+                        "record version {v} (this opledger reads 1 to {RECORD_VERSION})"
+                    )))
                 }
-                (
-                    phase,
-                    n,
-                    header,
-                    f64::from_le_bytes(f(28)),
-                    u64::from_le_bytes(f(36)),
-                    f64::from_le_bytes(f(44)),
-                    iso_n,
-                )
-            }
-            v => {
-                return Err(bad(format!(
-                    "record version {v} (this opledger reads 1 to {RECORD_VERSION})"
-                )))
-            }
-        };
+            };
         let expected = header as u64 + 4 * (n + iso_n) as u64;
         if bytes.len() as u64 != expected {
             return Err(bad(format!(
@@ -204,6 +217,7 @@ impl ChunkRecord {
             isolation_us,
             isolation_node_us,
             node_us,
+            outputs_nmse,
         })
     }
 }
@@ -404,6 +418,7 @@ mod tests {
                 Vec::new()
             },
             node_us: vec![1.5, 0.0, 1e6],
+            outputs_nmse: (phase == Phase::Prefill).then_some(3.05e-6),
         }
     }
 
@@ -416,6 +431,11 @@ mod tests {
             assert_eq!(bytes.len(), RECORD_HEADER_BYTES + 4 * floats);
             assert_eq!(ChunkRecord::decode(&bytes, "x").unwrap(), r);
         }
+        // a compared row that was not finite stays NaN, apart from "not compared"
+        let mut r = record(Phase::Prefill);
+        r.outputs_nmse = Some(f64::NAN);
+        let back = ChunkRecord::decode(&r.encode(), "x").unwrap();
+        assert!(back.outputs_nmse.is_some_and(f64::is_nan));
         let bytes = record(Phase::Prefill).encode();
         let err = ChunkRecord::decode(&bytes[..bytes.len() - 1], "c.bin").unwrap_err();
         assert!(err.to_string().starts_with("c.bin: "), "{err}");
@@ -462,6 +482,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("2 per-node isolation costs for 3 nodes"), "{e}");
+    }
+
+    #[test]
+    fn version_three_records_read_without_the_outputs_nmse() {
+        // a version-3 record: the version-4 header without the NMSE
+        let r = record(Phase::Decode);
+        let v4 = r.encode();
+        let mut v3 = v4[..V3_HEADER_BYTES].to_vec();
+        v3[4..8].copy_from_slice(&3u32.to_le_bytes());
+        v3.extend_from_slice(&v4[RECORD_HEADER_BYTES..]);
+        let old = ChunkRecord::decode(&v3, "v3.bin").unwrap();
+        assert_eq!(
+            old,
+            ChunkRecord {
+                outputs_nmse: None,
+                ..r
+            }
+        );
     }
 
     #[test]

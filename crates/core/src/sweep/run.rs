@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::record::{mode_name, ChunkRecord, ChunkStore, PassLog, Phase};
 use super::{SweepConfig, SweepError};
 use crate::engine::{EngineError, Mode, SweepEngine};
+use crate::outputs::{compare_rows, At};
 
 /// Progress of a sweep: (units done, units in all, what is running).
 pub type SweepProgress<'a> = &'a mut dyn FnMut(u64, u64, &str);
@@ -54,15 +55,20 @@ fn stored_units(
 /// its stored records end; then unit by unit (chunk c, the decode steps after it, chunk c + 1,
 /// ...) both modes measure it back to back from the same state, FUSED first at even chunks and
 /// TIMED first at odd ones. `graph_len` / `decode_graph_len` are the node counts every TIMED
-/// prefill / decode unit must have.
+/// prefill / decode unit must have. With `compare_outputs` (a graph on a device other than the
+/// CPU, whose backend may fuse ops in FUSED and not in TIMED), the first prefill unit of each
+/// pair has its logits read, and the second, where its output hash differs, its logits
+/// compared with them, the FUSED unit's as the reference ([`ChunkRecord::outputs_nmse`]).
 pub fn run_sweep(
     engine: &mut dyn SweepEngine,
     cfg: &SweepConfig,
     graph_len: usize,
     decode_graph_len: usize,
     store: &mut dyn ChunkStore,
+    compare_outputs: bool,
     progress: SweepProgress<'_>,
 ) -> Result<(), SweepError> {
+    let mut compare_outputs = compare_outputs;
     let per_chunk = cfg.units_per_chunk();
     let units = cfg.chunks * per_chunk;
     let total = cfg.cycles as u64 * 2 * units as u64;
@@ -120,6 +126,8 @@ pub fn run_sweep(
             } else {
                 [1, 0]
             };
+            // the pair's first unit: its output hash and logits, where read
+            let mut first_outputs: Option<(u64, Vec<Vec<f32>>)> = None;
             for m in order {
                 let mode = MODES[m];
                 if unit < first[m] {
@@ -187,6 +195,39 @@ pub fn run_sweep(
                     },
                     _ => (0.0, Vec::new()),
                 };
+                let mut outputs_nmse = None;
+                if compare_outputs && phase == Phase::Prefill {
+                    match &first_outputs {
+                        None => match engine.logits() {
+                            Ok(l) => first_outputs = Some((t.output_hash, l)),
+                            Err(EngineError::Unsupported { .. } | EngineError::Lacks { .. }) => {
+                                compare_outputs = false
+                            }
+                            Err(e) => return Err(e.into()),
+                        },
+                        Some((h, a)) if *h != t.output_hash => {
+                            let b = engine.logits()?;
+                            // against FUSED's logits, whichever mode went first
+                            let (fused, timed) = if mode == Mode::Fused {
+                                (&b, a)
+                            } else {
+                                (a, &b)
+                            };
+                            outputs_nmse = fused
+                                .iter()
+                                .zip(timed)
+                                .map(|(f, t)| compare_rows(At::Position(0), f, t).nmse)
+                                .reduce(|x, y| {
+                                    if x.is_nan() || y.is_nan() {
+                                        f64::NAN
+                                    } else {
+                                        x.max(y)
+                                    }
+                                });
+                        }
+                        Some(_) => {}
+                    }
+                }
                 store.store(&ChunkRecord {
                     cycle,
                     mode,
@@ -197,6 +238,7 @@ pub fn run_sweep(
                     isolation_us,
                     isolation_node_us,
                     node_us: t.node_us.iter().map(|&v| v as f32).collect(),
+                    outputs_nmse,
                 })?;
                 spent_ms[m] += t_unit.elapsed().as_secs_f64() * 1e3;
                 done += 1;

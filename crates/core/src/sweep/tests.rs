@@ -233,7 +233,7 @@ fn cfg(chunks: u32, cycles: u32) -> SweepConfig {
 }
 
 fn sweep(e: &mut DepthMock, c: &SweepConfig, store: &mut MemoryStore) -> Result<(), SweepError> {
-    run_sweep(e, c, 2, 2, store, &mut |_, _, _| {})
+    run_sweep(e, c, 2, 2, store, false, &mut |_, _, _| {})
 }
 
 #[test]
@@ -736,7 +736,16 @@ fn sliding_window_attention_is_fitted_apart_and_flattens_past_its_window() {
         window: 2048,
         next: [None, None],
     };
-    run_sweep(&mut e, &c, graph.len(), 0, &mut store, &mut |_, _, _| {}).unwrap();
+    run_sweep(
+        &mut e,
+        &c,
+        graph.len(),
+        0,
+        &mut store,
+        false,
+        &mut |_, _, _| {},
+    )
+    .unwrap();
     let s = summarise_sweep(&c, &rules, &graph, &idx, &store.records, &store.passes).unwrap();
     assert_eq!(s.attention_kinds.len(), 2);
     let sliding = &s.attention_kinds[0];
@@ -772,6 +781,7 @@ fn a_gap_in_stored_chunks_is_refused() {
                 phase: Phase::Prefill,
                 wall_ms: 1.0,
                 output_hash: 1,
+                outputs_nmse: None,
                 isolation_us: 0.0,
                 isolation_node_us: Vec::new(),
                 node_us: vec![],
@@ -783,4 +793,82 @@ fn a_gap_in_stored_chunks_is_refused() {
         sweep(&mut e, &cfg(4, 1), &mut store),
         Err(SweepError::Gap { .. })
     ));
+}
+
+#[test]
+fn pairs_that_differ_are_compared_by_nmse_within_the_device_bound_and_fail_on_the_cpu() {
+    use crate::profile::CheckStatus;
+    let mut md = crate::arch::tests::dense_md("gemma3", 2);
+    md.u.insert("gemma3.attention.sliding_window".into(), 2048);
+    md.a.insert("gemma3.attention.sliding_window_pattern".into(), vec![1, 0]);
+    let arch = crate::arch::ArchInfo::from_metadata(&md).unwrap();
+    let rules = BandRules::builtin("gemma3").unwrap();
+    // TIMED's logits off by 2^-10 in one value of three: NMSE = 2^-20 / 5.25 per pair
+    let sweep_on = |device: &str, d: f32, compare: bool| {
+        let mut e = crate::mock::MockEngine::new(&[
+            ("SOFT_MAX", "kq_soft_max-0", "", 1.0),
+            ("MUL_MAT", "ffn_out-0", "blk.0.ffn_down.weight", 1.0),
+        ]);
+        e.timed_logits = Some(vec![0.5, 2.0 + d, -1.0]);
+        for n in &mut e.graph {
+            n.device = Some(device.into());
+        }
+        let graph = e.graph.clone();
+        let c = cfg(3, 2);
+        e.prepare_sweep(&c.work, c.chunks, None).unwrap();
+        let mut store = MemoryStore::default();
+        run_sweep(
+            &mut e,
+            &c,
+            graph.len(),
+            0,
+            &mut store,
+            compare,
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+        let a = crate::band::Categoriser::new(&rules, &arch).categorise(&graph);
+        let idx = SweepIndex::new(&graph, &a, &rules, &arch);
+        let s = summarise_sweep(&c, &rules, &graph, &idx, &store.records, &store.passes).unwrap();
+        let check = s
+            .checks
+            .iter()
+            .find(|c| c.name == "outputs")
+            .unwrap()
+            .clone();
+        (store.records, check)
+    };
+    let (records, c) = sweep_on("Vulkan0", 2f32.powi(-10), true);
+    // 3 depths x 2 cycles: every pair's second unit carries the NMSE, the first none
+    let nmse: Vec<f64> = records.iter().filter_map(|r| r.outputs_nmse).collect();
+    assert_eq!(nmse.len(), 6, "{records:?}");
+    let want = 2f64.powi(-20) / 5.25;
+    assert!(nmse.iter().all(|n| (n - want).abs() < 1e-12 * want));
+    assert_eq!(c.status, CheckStatus::Pass, "{}", c.detail);
+    for said in [
+        "not bit-identical",
+        "6 paired",
+        "1.82e-7",
+        "5e-4",
+        "Vulkan0",
+    ] {
+        assert!(c.detail.contains(said), "{said}: {}", c.detail);
+    }
+    // beyond the bound
+    let (_, c) = sweep_on("Vulkan0", 2f32.powi(-3), true);
+    assert_eq!(c.status, CheckStatus::Fail, "{}", c.detail);
+    assert!(c.detail.contains("BEYOND the bound"), "{}", c.detail);
+    // the CPU: compared or not, a difference fails
+    let (_, c) = sweep_on("CPU", 2f32.powi(-10), false);
+    assert_eq!(c.status, CheckStatus::Fail, "{}", c.detail);
+    assert!(c.detail.contains("6 paired units"), "{}", c.detail);
+    // a device whose pairs were not compared: the hashes alone, a failure
+    let (records, c) = sweep_on("Vulkan0", 2f32.powi(-10), false);
+    assert!(records.iter().all(|r| r.outputs_nmse.is_none()));
+    assert_eq!(c.status, CheckStatus::Fail, "{}", c.detail);
+    // the same logits in both modes: nothing compared, bit-identical
+    let (records, c) = sweep_on("Vulkan0", 0.0, true);
+    assert!(records.iter().all(|r| r.outputs_nmse.is_none()));
+    assert_eq!(c.status, CheckStatus::Pass, "{}", c.detail);
+    assert!(c.detail.contains("bit-identical"), "{}", c.detail);
 }

@@ -491,6 +491,7 @@ fn raw_of(graph: Vec<NodeInfo>, times: &[&[f64]], fused_ms: f64) -> ProfileRaw {
         one_process_fused_ms: Vec::new(),
         one_process_outputs: None,
         one_process_skipped: None,
+        outputs_compared: Vec::new(),
     }
 }
 
