@@ -259,11 +259,11 @@ pub fn render(
             .map_err(RenderError::Chart)?
             .into_bytes(),
         (Format::Sql, _) => {
-            let device = match view {
-                RunView::Profile(v) => v.summary.device.as_ref(),
-                _ => None,
+            let (device, clock) = match view {
+                RunView::Profile(v) => (v.summary.device.as_ref(), v.summary.device_clock.as_ref()),
+                _ => (None, None),
             };
-            crate::sql::sql(view.manifest(), &rows, device).into_bytes()
+            crate::sql::sql(view.manifest(), &rows, device, clock).into_bytes()
         }
         (Format::Perfetto, RunView::Profile(v)) => {
             crate::perfetto::trace_json(v.manifest, v.raw, &v.assignments, opts.trace_tracks)?

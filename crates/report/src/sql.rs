@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use opledger_core::manifest::Manifest;
 
 use opledger_core::device::DeviceStats;
+use opledger_core::device_clock::DeviceClockSummary;
 
 use crate::bench::BenchRow;
 
@@ -56,6 +57,29 @@ const COLUMNS: [(&str, &str); 22] = [
     ("band", "TEXT NOT NULL"),
     ("ms_per_token", "REAL"),
     ("share", "REAL"),
+];
+
+/// A profile with the device's own clock (`core::device_clock`): one row per band, the host's
+/// TIMED time and the device's for the same nodes, their ratio, the device's FUSED time and the
+/// band's figure (ms/token; medians with the cycles' range).
+pub const DEVICE_CLOCK_BANDS: &str = "opledger_run_device_clock_bands";
+
+const DEVICE_CLOCK_COLUMNS: [(&str, &str); 15] = [
+    ("run_id", "TEXT NOT NULL REFERENCES opledger_runs(run_id)"),
+    ("band", "TEXT NOT NULL"),
+    ("source", "TEXT"),
+    ("nodes", "INTEGER"),
+    ("host_timed_ms_per_token", "REAL"),
+    ("host_timed_ms_per_token_min", "REAL"),
+    ("host_timed_ms_per_token_max", "REAL"),
+    ("device_timed_ms_per_token", "REAL"),
+    ("device_timed_ms_per_token_min", "REAL"),
+    ("device_timed_ms_per_token_max", "REAL"),
+    ("host_over_device", "REAL"),
+    ("device_fused_ms_per_token", "REAL"),
+    ("device_fused_ms_per_token_min", "REAL"),
+    ("device_fused_ms_per_token_max", "REAL"),
+    ("ms_per_token", "REAL"),
 ];
 
 /// A row of `opledger_run_bands` is one band of one test of one side of one run.
@@ -155,7 +179,12 @@ fn create(out: &mut String, table: &str, columns: &[(&str, &str)], key: Option<&
 /// The script: the tables, then the run and its rows in one transaction. A run already loaded
 /// is the same run (its id is its manifest's hash): its row is kept and its band rows are
 /// replaced, so loading it again changes nothing.
-pub fn sql(m: &Manifest, rows: &[BenchRow], device: Option<&DeviceStats>) -> String {
+pub fn sql(
+    m: &Manifest,
+    rows: &[BenchRow],
+    device: Option<&DeviceStats>,
+    clock: Option<&DeviceClockSummary>,
+) -> String {
     let id = run_id(m);
     let mut out = String::new();
     let _ = writeln!(
@@ -175,6 +204,14 @@ pub fn sql(m: &Manifest, rows: &[BenchRow], device: Option<&DeviceStats>) -> Str
             &mut out,
             DEVICE_BANDS,
             &DEVICE_BAND_COLUMNS,
+            Some("run_id, band"),
+        );
+    }
+    if clock.is_some() {
+        create(
+            &mut out,
+            DEVICE_CLOCK_BANDS,
+            &DEVICE_CLOCK_COLUMNS,
             Some("run_id, band"),
         );
     }
@@ -261,6 +298,9 @@ pub fn sql(m: &Manifest, rows: &[BenchRow], device: Option<&DeviceStats>) -> Str
     if let Some(d) = device {
         device_rows(&mut out, &id, d);
     }
+    if let Some(c) = clock {
+        device_clock_rows(&mut out, &id, c);
+    }
     let _ = writeln!(out, "COMMIT;");
     out
 }
@@ -313,6 +353,44 @@ fn device_rows(out: &mut String, id: &str, d: &DeviceStats) {
             out,
             "INSERT OR REPLACE INTO {DEVICE_BANDS} ({}) VALUES ({});",
             names(&DEVICE_BAND_COLUMNS),
+            values.join(", ")
+        );
+    }
+}
+
+/// The device clock's rows, one per band, replaced when the run is loaded again.
+fn device_clock_rows(out: &mut String, id: &str, c: &DeviceClockSummary) {
+    let names = DEVICE_CLOCK_COLUMNS
+        .iter()
+        .map(|(n, _)| *n)
+        .collect::<Vec<_>>()
+        .join(", ");
+    for b in &c.bands {
+        let (h, d, f) = (
+            &b.host_timed_ms_per_token,
+            &b.device_timed_ms_per_token,
+            &b.device_fused_ms_per_token,
+        );
+        let values = [
+            quote(id),
+            quote(&b.band),
+            quote(&c.source),
+            b.nodes.to_string(),
+            real(h.median),
+            real(h.min),
+            real(h.max),
+            real(d.median),
+            real(d.min),
+            real(d.max),
+            real(b.timed_ratio),
+            real(f.median),
+            real(f.min),
+            real(f.max),
+            real(b.ms_per_token),
+        ];
+        let _ = writeln!(
+            out,
+            "INSERT OR REPLACE INTO {DEVICE_CLOCK_BANDS} ({names}) VALUES ({});",
             values.join(", ")
         );
     }

@@ -464,6 +464,10 @@ fn a_profile_with_the_device_clock_sets_both_clocks_side_by_side_in_every_format
             ],
         ),
         (Format::Bands, vec![",device-timed", ",device-fused"]),
+        (
+            Format::Sql,
+            vec!["opledger_run_device_clock_bands", "host_over_device"],
+        ),
     ] {
         let out = text(render(&view, format, &opts).unwrap());
         for mark in marks {

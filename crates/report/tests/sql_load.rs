@@ -123,3 +123,74 @@ fn a_run_loaded_twice_is_one_run_and_runs_are_told_apart() {
     );
     assert_eq!(configs, [format!("2|{ab_rows}")]);
 }
+
+/// A profile on a device with its own clock (the mock's scripted clock, every node on
+/// `Vulkan0`): one row per band in `opledger_run_device_clock_bands`, once however often the
+/// run is loaded, each with the summary's host-over-device ratio.
+#[test]
+fn a_profile_with_the_device_clock_loads_its_bands_on_both_clocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("results.db");
+    let m = fixture::manifest("profile");
+    let mut e = fixture::engine();
+    e.device_clock = true;
+    for n in &mut e.graph {
+        n.device = Some("Vulkan0".into());
+    }
+    let cfg = opledger_core::profile::ProfileConfig {
+        work: opledger_core::engine::Work::prefill(fixture::CHUNK, 0),
+        cycles: 3,
+        warmup: 0,
+        overhead_pairs: 0,
+        gate: opledger_core::noise::GateConfig {
+            enabled: false,
+            ..Default::default()
+        },
+    };
+    let raw = opledger_core::profile::measure(&mut e, &cfg, &mut |_, _, _| {}).unwrap();
+    let v = ProfileView::new(&m, &raw).unwrap();
+    let clock = v.summary.device_clock.clone().expect("a device clock");
+    let script = String::from_utf8(
+        render(&RunView::Profile(v), Format::Sql, &RenderOptions::default()).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        inserts(&script, "opledger_run_device_clock_bands"),
+        clock.bands.len()
+    );
+    let rows = sqlite(
+        &db,
+        &[&script, &script],
+        "SELECT band, nodes, host_over_device, host_timed_ms_per_token / device_timed_ms_per_token \
+         FROM opledger_run_device_clock_bands ORDER BY band",
+    );
+    let mut want: Vec<_> = clock.bands.iter().collect();
+    want.sort_by(|a, b| a.band.cmp(&b.band));
+    assert_eq!(rows.len(), want.len(), "{rows:?}");
+    for (row, b) in rows.iter().zip(want) {
+        let f: Vec<&str> = row.split('|').collect();
+        assert_eq!(
+            (f[0], f[1]),
+            (b.band.as_str(), b.nodes.to_string().as_str())
+        );
+        let ratio: f64 = f[2].parse().unwrap();
+        let of_medians: f64 = f[3].parse().unwrap();
+        assert!(
+            (ratio - b.timed_ratio).abs() < 1e-9 * b.timed_ratio,
+            "{row}"
+        );
+        assert!((ratio - of_medians).abs() < 1e-9 * ratio, "{row}");
+    }
+    // a profile without the clock makes no such table
+    let plain = fixture::profile_raw();
+    let plain = String::from_utf8(
+        render(
+            &RunView::Profile(ProfileView::new(&m, &plain).unwrap()),
+            Format::Sql,
+            &RenderOptions::default(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(!plain.contains("opledger_run_device_clock_bands"));
+}
