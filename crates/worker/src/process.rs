@@ -624,7 +624,7 @@ impl Drop for WorkerProcess {
 }
 
 /// What a killing by SIGILL usually means.
-pub const SIGILL_MEANS: &str = "an illegal instruction: usually a build for CPU features this machine cannot run, such as a GGML_NATIVE build on a virtual machine that reports AMX without enabling it, which dies in ggml's AMX kernels; build the worker without GGML_NATIVE (scripts/build-worker does), or with the CPU features listed, e.g. -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON";
+pub const SIGILL_MEANS: &str = "an illegal instruction: usually a build for CPU features this machine cannot run, such as a GGML_NATIVE build on a virtual machine that reports AMX without enabling it, which dies in ggml's AMX kernels; build the worker with GGML_NATIVE off and the CPU features listed (llama.cpp's CMake turns GGML_NATIVE on unless told): scripts/build-worker ... -- -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON";
 
 /// The line bound in force: [`LINE_BOUND`], or the number of bytes in [`LINE_BOUND_ENV`].
 fn line_bound() -> Result<usize, String> {
