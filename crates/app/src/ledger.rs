@@ -65,7 +65,25 @@ pub fn run(
     let mut peaks: Option<Peaks> = None;
     for kind in req.engines {
         let name = kind.name();
-        let mut engine = open_engine(kind, file, settings)?;
+        // candle has no device path: with llama.cpp's layers offloaded, candle stays on the CPU
+        // and the report says so
+        let on_cpu;
+        let s = if kind == EngineKind::Candle && settings.gpu_layers != 0 {
+            let note = format!(
+                "candle: on the CPU (it has no device path); --gpu-layers {} offloads llama.cpp's layers only",
+                settings.gpu_layers
+            );
+            ui.note(&note);
+            notes.push(note);
+            on_cpu = EngineSettings {
+                gpu_layers: 0,
+                ..settings.clone()
+            };
+            &on_cpu
+        } else {
+            settings
+        };
+        let mut engine = open_engine(kind, file, s)?;
         let raw =
             opledger_core::profile::measure(engine.as_mut(), &cfg, &mut |phase, done, total| {
                 ui.progress(done as u64, total as u64, &format!("{name}: {phase}"));
@@ -149,7 +167,19 @@ pub fn run(
                 }
             }
         }
-        if peaks.is_none() {
+        // the peaks are this machine's CPU's: llama.cpp with layers offloaded would time its
+        // GEMM on the device
+        let devices = opledger_core::split::off_cpu_devices(&raw.graph);
+        let offloaded = !devices.is_empty();
+        if offloaded {
+            let note = format!(
+                "{name}: no matmul peak taken from it: its graph runs on {}, where its GEMM would run, not on this machine's CPU, whose peaks the verdicts use",
+                devices.join(", ")
+            );
+            ui.note(&note);
+            notes.push(note);
+        }
+        if peaks.is_none() && !offloaded {
             if let Some((gflops, shape)) = engine.gemm_peak()? {
                 peaks = Some(Peaks {
                     copy_gb_per_s: opledger_core::peaks::copy_bandwidth_gb_per_s(

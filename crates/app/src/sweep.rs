@@ -237,10 +237,7 @@ impl Sweep {
             decode_graph.len(),
             &mut store,
             // a device backend may fuse ops in FUSED and not in TIMED: compare the logits
-            graph.iter().any(|n| {
-                n.op != opledger_core::split::TRANSFER_OP
-                    && n.device.as_deref().is_some_and(|d| d != "CPU")
-            }),
+            !opledger_core::split::off_cpu_devices(&graph).is_empty(),
             &mut |done, total, what| ui.progress(done, total, what),
         )
         .with_context(|| {

@@ -22,6 +22,18 @@ pub const TRANSFER_OP: &str = "TRANSFER";
 /// The band of transfer nodes.
 pub const NETWORK_BAND: &str = "network";
 
+/// The devices other than this machine's CPU that compute nodes of `graph` (transfers aside),
+/// sorted: where a backend may fuse ops when it runs the graph whole and not node by node.
+pub fn off_cpu_devices(graph: &[NodeInfo]) -> Vec<&str> {
+    let set: std::collections::BTreeSet<&str> = graph
+        .iter()
+        .filter(|n| n.op != TRANSFER_OP)
+        .filter_map(|n| n.device.as_deref())
+        .filter(|d| *d != "CPU")
+        .collect();
+    set.into_iter().collect()
+}
+
 /// Whether a device name is a remote one (ggml's RPC devices are named `RPC<k>[host:port]`).
 pub fn is_remote(device: &str) -> bool {
     device.starts_with("RPC")

@@ -154,6 +154,12 @@ pub fn run_ledger(args: LedgerArgs) -> Result<ExitCode> {
         engine_kind(&args.engines[0])?,
         engine_kind(&args.engines[1])?,
     ];
+    if engines[0] == engines[1] {
+        bail!(
+            "--engines: {} twice; the ledger compares two engines (two builds or settings of one engine: opledger ab)",
+            args.engines[0]
+        );
+    }
     let share = args.method.iter().any(|m| m == "share");
     let replay = args.method.iter().any(|m| m == "replay");
     if !share && !replay {

@@ -71,6 +71,10 @@ fn bad_flag_values_are_refused_with_exit_2_and_leave_no_folder() {
         ),
         (&["graph", "-p", "0"], "must be at least 1"),
         (
+            &["ledger", "--engines", "llama.cpp,llama.cpp"],
+            "llama.cpp twice",
+        ),
+        (
             &["sweep", "-p", "512", "--max-depth", "100"],
             "below the chunk",
         ),

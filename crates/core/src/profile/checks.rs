@@ -120,18 +120,12 @@ fn outputs_check(raw: &ProfileRaw, identical: bool) -> Check {
         return check(
             CheckStatus::Fail,
             format!(
-                "runs returned different logits (hashes: {}); by how much was not measured: the engine does not expose its logits",
+                "runs returned different logits (hashes: {}); by how much was not measured: no logits were read (the engine does not expose its logits, or the run was stored without them)",
                 modes.join(", ")
             ),
         );
     };
-    let devices: std::collections::BTreeSet<&str> = raw
-        .graph
-        .iter()
-        .filter(|n| n.op != crate::split::TRANSFER_OP)
-        .filter_map(|n| n.device.as_deref())
-        .filter(|d| *d != "CPU")
-        .collect();
+    let devices = crate::split::off_cpu_devices(&raw.graph);
     let pairs: Vec<String> = raw
         .outputs_compared
         .iter()
@@ -155,7 +149,6 @@ fn outputs_check(raw: &ProfileRaw, identical: bool) -> Check {
             ),
         );
     }
-    let devices: Vec<&str> = devices.into_iter().collect();
     let within = max <= DEVICE_MODES_MAX_NMSE;
     check(
         if within {

@@ -497,12 +497,7 @@ fn outputs_check(graph: &[NodeInfo], m: Mismatches) -> Check {
                 .into(),
         );
     }
-    let devices: std::collections::BTreeSet<&str> = graph
-        .iter()
-        .filter(|n| n.op != crate::split::TRANSFER_OP)
-        .filter_map(|n| n.device.as_deref())
-        .filter(|d| *d != "CPU")
-        .collect();
+    let devices = crate::split::off_cpu_devices(graph);
     if devices.is_empty() || m.uncompared > 0 {
         return check(
             CheckStatus::Fail,
@@ -518,7 +513,6 @@ fn outputs_check(graph: &[NodeInfo], m: Mismatches) -> Check {
             ),
         );
     }
-    let devices: Vec<&str> = devices.into_iter().collect();
     let within = m.max_nmse <= DEVICE_MODES_MAX_NMSE;
     check(
         if within {
