@@ -8,7 +8,8 @@
 //! clock per band beside the host's), a sweep over two depths, and an A/B of the CPU worker
 //! against the Vulkan worker through the output gate; and the tiny MoE, whose modes differ only
 //! by ggml-vulkan's fusions, within the outputs check's stated device bound (a profile with and
-//! without the fusions, and a sweep). Nothing here asserts a timing: lavapipe is
+//! without the fusions, and a sweep); and the ledger, replaying on the device. Nothing here
+//! asserts a timing: lavapipe is
 //! 50-200x slower than the CPU backend and the machine is shared; the ratios of the two clocks
 //! are printed, never bounded.
 //!
@@ -539,5 +540,77 @@ fn the_tiny_moe_on_vulkan0_differs_across_modes_only_by_fusion_within_the_stated
     assert!(
         c["detail"].as_str().unwrap().contains("not bit-identical"),
         "{c}"
+    );
+}
+
+/// The ledger with llama.cpp on Vulkan0 (candle, which has no device path, on the CPU, said in
+/// a note): in-graph replay runs on the device with the outputs bit-identical in every replay,
+/// and no matmul peak is taken from the side whose GEMM would run on the device, so no band is
+/// placed on a roofline. Whether the replay's validations pass on lavapipe is a timing claim:
+/// the run exits 0 or 3, and 3 exactly when a side is unreliable.
+#[test]
+fn the_ledger_replays_on_vulkan0_and_takes_no_peak_from_the_device() {
+    let w = worker();
+    let _machine = crate::machine::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let model = crate::rpc::tiny_llama(dir.path());
+    let t0 = std::time::Instant::now();
+    let o = opledger()
+        .env_remove("GGML_VK_PERF_LOGGER")
+        .args([
+            "ledger",
+            "--engines",
+            "candle,llama.cpp",
+            "-p",
+            "16",
+            "-r",
+            "2",
+        ])
+        .args(["--replay-cycles", "2", "-t", "2", "-g", "99", "--json"])
+        .arg("--llama-worker")
+        .arg(w)
+        .arg("-m")
+        .arg(&model)
+        .arg("-o")
+        .arg(dir.path().join("ledger"))
+        .output()
+        .unwrap();
+    eprintln!(
+        "vulkan: ledger of candle (CPU) against llama.cpp on Vulkan0 in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let r: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("no ledger on stdout ({e}): {stderr}"));
+    let notes = r["notes"].to_string();
+    assert!(
+        notes.contains("candle: on the CPU (it has no device path)"),
+        "{notes}"
+    );
+    assert!(
+        notes.contains("llama.cpp: no matmul peak taken from it: its graph runs on Vulkan0"),
+        "{notes}"
+    );
+    for row in r["ledger"]["rows"].as_array().unwrap() {
+        assert!(row["a_position"].is_null(), "{row}");
+    }
+    let rb = &r["replay_b"];
+    let mut unreliable = false;
+    if rb.is_null() {
+        assert!(notes.contains("llama.cpp: no in-graph replay"), "{notes}");
+    } else {
+        assert_eq!(rb["outputs_identical"], true, "a replay changed the logits");
+        let launch = rb["round_cost_us"].as_f64().unwrap();
+        assert!(launch.is_finite() && launch > 0.0, "{launch}");
+        unreliable = rb["reliable"] == false;
+        eprintln!(
+            "vulkan: replay on Vulkan0: launch per round {launch:.1} µs, reliable {}",
+            rb["reliable"]
+        );
+    }
+    assert_eq!(
+        o.status.code(),
+        Some(if unreliable { 3 } else { 0 }),
+        "{stderr}"
     );
 }
