@@ -978,7 +978,7 @@ mod tests {
         let msg = ask(&mut p, "load").unwrap_err().to_string();
         assert!(msg.contains("killed by signal 4 (SIGILL)"), "{msg}");
         assert!(msg.contains("while waiting for 'load'"), "{msg}");
-        assert!(msg.contains("without GGML_NATIVE"), "{msg}");
+        assert!(msg.contains("turns GGML_NATIVE on unless told"), "{msg}");
         assert!(msg.contains("-DGGML_NATIVE=OFF -DGGML_AVX2=ON"), "{msg}");
     }
 

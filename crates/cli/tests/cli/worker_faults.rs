@@ -157,7 +157,7 @@ fn worker_faults_end_in_clear_errors_and_no_complete_run_folder() {
             vec![
                 "signal 4 (SIGILL)",
                 "CPU features this machine cannot run",
-                "without GGML_NATIVE",
+                "-DGGML_NATIVE=OFF",
                 "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON",
             ],
         ),
