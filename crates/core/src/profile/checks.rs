@@ -149,20 +149,27 @@ fn outputs_check(raw: &ProfileRaw, identical: bool) -> Check {
             ),
         );
     }
-    let within = max <= DEVICE_MODES_MAX_NMSE;
-    check(
-        if within {
+    within_device_bound(&pairs.join("; "), max, &devices)
+}
+
+/// The check "outputs" of modes whose logits differed by at most `max_nmse` on `devices`
+/// (other than the CPU): passing within [`DEVICE_MODES_MAX_NMSE`], the bound and its reason
+/// stated after `what` differed.
+pub fn within_device_bound(what: &str, max_nmse: f64, devices: &[&str]) -> Check {
+    let within = max_nmse <= DEVICE_MODES_MAX_NMSE;
+    Check {
+        name: "outputs".into(),
+        status: if within {
             CheckStatus::Pass
         } else {
             CheckStatus::Fail
         },
-        format!(
-            "not bit-identical: {}; bound NMSE {DEVICE_MODES_MAX_NMSE:.0e} (test-backend-ops' for MUL_MAT, a device kernel against the CPU's) because on {} the backend fuses neighbouring ops when it runs the graph whole and cannot when each node is its own submission (TIMED), and a fused kernel rounds differently{}",
-            pairs.join("; "),
+        detail: format!(
+            "not bit-identical: {what}; bound NMSE {DEVICE_MODES_MAX_NMSE:.0e} (test-backend-ops' for MUL_MAT, a device kernel against the CPU's) because on {} the backend fuses neighbouring ops when it runs the graph whole and cannot when each node is its own submission (TIMED), and a fused kernel rounds differently{}",
             devices.join(", "),
             if within { "" } else { ": BEYOND the bound" }
         ),
-    )
+    }
 }
 
 /// The checks of a summary, in the order they are shown (the census goes in later, after

@@ -15,7 +15,7 @@ mod checks;
 mod measure;
 mod summary;
 
-pub use checks::{census_check, noise_check, worst, NOT_MEASURED};
+pub use checks::{census_check, noise_check, within_device_bound, worst, NOT_MEASURED};
 pub use measure::{measure, measure_with, ProgressFn};
 pub use summary::{analyse, membership, per_cycle_ms_per_token, summarise};
 

@@ -484,7 +484,6 @@ fn collect_phase(
 /// on a device other than the CPU, every differing pair's logits within
 /// [`crate::profile::DEVICE_MODES_MAX_NMSE`] of each other, the bound and its reason stated.
 fn outputs_check(graph: &[NodeInfo], m: Mismatches) -> Check {
-    use crate::profile::DEVICE_MODES_MAX_NMSE;
     let check = |status, detail| Check {
         name: "outputs".into(),
         status,
@@ -513,20 +512,13 @@ fn outputs_check(graph: &[NodeInfo], m: Mismatches) -> Check {
             ),
         );
     }
-    let within = m.max_nmse <= DEVICE_MODES_MAX_NMSE;
-    check(
-        if within {
-            CheckStatus::Pass
-        } else {
-            CheckStatus::Fail
-        },
-        format!(
-            "not bit-identical: {} paired prefill units differ, NMSE up to {:.2e}; bound NMSE {DEVICE_MODES_MAX_NMSE:.0e} (test-backend-ops' for MUL_MAT, a device kernel against the CPU's) because on {} the backend fuses neighbouring ops when it runs the graph whole and cannot when each node is its own submission (TIMED), and a fused kernel rounds differently{}",
-            m.compared,
-            m.max_nmse,
-            devices.join(", "),
-            if within { "" } else { ": BEYOND the bound" }
+    crate::profile::within_device_bound(
+        &format!(
+            "{} paired prefill units differ, NMSE up to {:.2e}",
+            m.compared, m.max_nmse
         ),
+        m.max_nmse,
+        &devices,
     )
 }
 
