@@ -444,7 +444,8 @@ pub trait SweepEngine: Engine {
     /// Decodes the pass's next chunk, `index`, at depth `index x chunk`, timed as in
     /// [`Engine::run`]. Chunks of one mode must come in order; the two modes keep their own
     /// contexts (a sweep runs them in lockstep).
-    /// Afterwards [`Engine::logits`] reads the chunk's last-token logits in that mode's context.
+    /// Afterwards [`Engine::logits`] reads the chunk's last-token logits in that mode's context
+    /// (after [`SweepEngine::pass_decode`], the last step's, one row per sequence).
     fn pass_chunk(&mut self, mode: Mode, index: u32) -> Result<ChunkTiming, EngineError>;
 
     /// Right after chunk `after_chunk` of the pass in `mode`: `steps` decode steps of one token

@@ -49,7 +49,7 @@ pub struct MockEngine {
     sweep: Option<(Work, [u32; 2])>,
     /// The output reader's chunk positions and next greedy step.
     outputs: Option<(u32, u32)>,
-    /// The mode of the last [`Engine::run`].
+    /// The mode of the last run ([`Engine::run`], a sweep's chunk or decode steps).
     last_mode: Option<Mode>,
 }
 
@@ -530,7 +530,13 @@ impl SweepEngine for MockEngine {
             ));
         }
         let costs = self.costs_at((after_chunk + 1) * work.chunk_tokens);
-        self.timing(mode, &costs, steps.max(1) as f64)
+        let mut t = self.timing(mode, &costs, steps.max(1) as f64)?;
+        self.last_mode = Some(mode);
+        if self.timed_logits.is_some() {
+            // the steps' logits hashed apart from the chunk's
+            t.output_hash = crate::tokens::hash_f32(self.run_logits(Some(mode))) ^ 0x5eed;
+        }
+        Ok(t)
     }
 
     fn sweep_decode_graph(&mut self, _parallel: u32) -> Result<Vec<NodeInfo>, EngineError> {

@@ -122,6 +122,9 @@ pub struct WorkerEngine {
     decode_graph: Option<Captured>,
     sweep: Option<PassOrder>,
     last_mode: Option<Mode>,
+    /// The rows of the last run's logits where it was a sweep's decode steps (one per forked
+    /// sequence of the last step); `None`: as the work says.
+    last_rows: Option<u32>,
     /// TIMED decodes ask for the expert ids ([`OpTimer::capture_routing`]), and `ids` keeps the
     /// last answer's.
     capture_ids: bool,
@@ -219,6 +222,7 @@ impl WorkerEngine {
             decode_graph: None,
             sweep: None,
             last_mode: None,
+            last_rows: None,
             capture_ids: false,
             ids: Vec::new(),
             last_replay: None,
@@ -852,6 +856,7 @@ impl Engine for WorkerEngine {
 
     fn run(&mut self, mode: Mode) -> Result<ChunkTiming, EngineError> {
         self.last_mode = Some(mode);
+        self.last_rows = None;
         if self.work.as_ref().is_some_and(|w| w.is_decode()) {
             self.run_decode(mode)
         } else {
@@ -933,7 +938,9 @@ impl Engine for WorkerEngine {
         let (Some(mode), Some(work)) = (self.last_mode, self.work.clone()) else {
             return Err(EngineError::Failed("logits() before a run".into()));
         };
-        let rows: Vec<i32> = if work.is_decode() {
+        let rows: Vec<i32> = if let Some(n) = self.last_rows {
+            (0..n as i32).collect()
+        } else if work.is_decode() {
             (0..work.parallel.max(1) as i32).collect()
         } else {
             vec![-1]
@@ -1198,6 +1205,7 @@ impl SweepEngine for WorkerEngine {
         let d = self.decode(mode, &tokens, pos0, work.all_logits, observe(mode))?;
         // logits() reads this mode's context: the chunk's last token
         self.last_mode = Some(mode);
+        self.last_rows = None;
         Self::check_finite(&format!("the {} run", mode.label()), &d)?;
         let hash = chunk_hash(&d, work.all_logits);
         if let Some(s) = self.sweep.as_mut() {
@@ -1248,6 +1256,9 @@ impl SweepEngine for WorkerEngine {
         for s in 1..=parallel {
             let _: Done = self.req("seq_rm", json!({"ctx": ctx, "seq": s}))?;
         }
+        // logits() reads the last step's rows, one per forked sequence
+        self.last_mode = Some(mode);
+        self.last_rows = Some(parallel);
         result
     }
 

@@ -423,7 +423,8 @@ fn an_a_b_of_the_cpu_worker_against_the_vulkan_worker_passes_the_output_gate() {
 /// logits differ in their last bits. The profile's outputs check compares them by NMSE under
 /// the stated device bound and passes; with the fusions switched off
 /// (`GGML_VK_DISABLE_FUSION=1`) the same profile is bit-identical across modes, which shows
-/// the fusion is what differs. A sweep over two depths compares its pairs the same way (flash
+/// the fusion is what differs. A sweep over two depths, with decode steps after each chunk,
+/// compares its pairs the same way (flash
 /// attention off: this model's attention at depth with flash attention crashes lavapipe, a
 /// SIGSEGV inside `libvulkan_lvp.so`).
 #[test]
@@ -512,6 +513,8 @@ fn the_tiny_moe_on_vulkan0_differs_across_modes_only_by_fusion_within_the_stated
                 "16",
                 "--max-depth",
                 "16",
+                "-n",
+                "2",
                 "-r",
                 "2",
                 "-t",
@@ -525,7 +528,7 @@ fn the_tiny_moe_on_vulkan0_differs_across_modes_only_by_fusion_within_the_stated
             .arg(&run),
     );
     eprintln!(
-        "vulkan: sweep of the tiny MoE over depths 0 and 16 in {:.1} s",
+        "vulkan: sweep of the tiny MoE over depths 0 and 16, 2 decode steps after each chunk, in {:.1} s",
         t0.elapsed().as_secs_f64()
     );
     let s: Value =
@@ -541,6 +544,20 @@ fn the_tiny_moe_on_vulkan0_differs_across_modes_only_by_fusion_within_the_stated
         c["detail"].as_str().unwrap().contains("not bit-identical"),
         "{c}"
     );
+    // the decode steps' pairs were compared too (the last step's logits): no pair was left to
+    // its hash, or the check would have failed; and some of them carry an NMSE
+    let decoded: Vec<f64> = std::fs::read_dir(run.join("chunks"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with("-decode.bin"))
+        .filter_map(|p| {
+            opledger_core::sweep::ChunkRecord::decode(&std::fs::read(&p).unwrap(), "record")
+                .unwrap()
+                .outputs_nmse
+        })
+        .collect();
+    eprintln!("vulkan: the decode pairs' NMSE: {decoded:?}");
+    assert!(!decoded.is_empty(), "{c}");
 }
 
 /// The ledger with llama.cpp on Vulkan0 (candle, which has no device path, on the CPU, said in

@@ -48,7 +48,7 @@ pub struct ChunkRecord {
     /// FUSED.
     pub node_us: Vec<f32>,
     /// The second unit of a FUSED/TIMED pair whose output hash differed from the first's: the
-    /// largest NMSE of its logits against the first's, row by row
+    /// largest NMSE of its logits (decode steps: the last step's) against FUSED's, row by row
     /// ([`crate::outputs::compare_rows`], NaN where a row was not finite); `None` where not
     /// compared (the hashes agreed, the engine did not expose its logits, or the unit is the
     /// first of its pair).

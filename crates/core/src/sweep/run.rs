@@ -56,9 +56,10 @@ fn stored_units(
 /// ...) both modes measure it back to back from the same state, FUSED first at even chunks and
 /// TIMED first at odd ones. `graph_len` / `decode_graph_len` are the node counts every TIMED
 /// prefill / decode unit must have. With `compare_outputs` (a graph on a device other than the
-/// CPU, whose backend may fuse ops in FUSED and not in TIMED), the first prefill unit of each
-/// pair has its logits read, and the second, where its output hash differs, its logits
-/// compared with them, the FUSED unit's as the reference ([`ChunkRecord::outputs_nmse`]).
+/// CPU, whose backend may fuse ops in FUSED and not in TIMED), the first unit of each pair has
+/// its logits read (a chunk's last token; decode steps: the last step's, a row per sequence),
+/// and the second, where its output hash differs, its logits compared with them, the FUSED
+/// unit's as the reference ([`ChunkRecord::outputs_nmse`]).
 pub fn run_sweep(
     engine: &mut dyn SweepEngine,
     cfg: &SweepConfig,
@@ -196,7 +197,7 @@ pub fn run_sweep(
                     _ => (0.0, Vec::new()),
                 };
                 let mut outputs_nmse = None;
-                if compare_outputs && phase == Phase::Prefill {
+                if compare_outputs {
                     match &first_outputs {
                         None => match engine.logits() {
                             Ok(l) => first_outputs = Some((t.output_hash, l)),
@@ -216,7 +217,8 @@ pub fn run_sweep(
                             outputs_nmse = fused
                                 .iter()
                                 .zip(timed)
-                                .map(|(f, t)| compare_rows(At::Position(0), f, t).nmse)
+                                .enumerate()
+                                .map(|(i, (f, t))| compare_rows(At::Position(i as u32), f, t).nmse)
                                 .reduce(|x, y| {
                                     if x.is_nan() || y.is_nan() {
                                         f64::NAN

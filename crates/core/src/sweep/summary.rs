@@ -514,7 +514,7 @@ fn outputs_check(graph: &[NodeInfo], m: Mismatches) -> Check {
     }
     crate::profile::within_device_bound(
         &format!(
-            "{} paired prefill units differ, NMSE up to {:.2e}",
+            "{} paired units differ, NMSE up to {:.2e}",
             m.compared, m.max_nmse
         ),
         m.max_nmse,

@@ -804,7 +804,7 @@ fn pairs_that_differ_are_compared_by_nmse_within_the_device_bound_and_fail_on_th
     let arch = crate::arch::ArchInfo::from_metadata(&md).unwrap();
     let rules = BandRules::builtin("gemma3").unwrap();
     // TIMED's logits off by 2^-10 in one value of three: NMSE = 2^-20 / 5.25 per pair
-    let sweep_on = |device: &str, d: f32, compare: bool| {
+    let sweep_with = |device: &str, d: f32, compare: bool, decode: bool| {
         let mut e = crate::mock::MockEngine::new(&[
             ("SOFT_MAX", "kq_soft_max-0", "", 1.0),
             ("MUL_MAT", "ffn_out-0", "blk.0.ffn_down.weight", 1.0),
@@ -814,14 +814,19 @@ fn pairs_that_differ_are_compared_by_nmse_within_the_device_bound_and_fail_on_th
             n.device = Some(device.into());
         }
         let graph = e.graph.clone();
-        let c = cfg(3, 2);
-        e.prepare_sweep(&c.work, c.chunks, None).unwrap();
+        let mut c = cfg(3, 2);
+        c.decode = decode.then_some(DecodeSteps {
+            steps: 2,
+            parallel: 1,
+        });
+        e.prepare_sweep(&c.work, c.chunks, decode.then_some((2, 1)))
+            .unwrap();
         let mut store = MemoryStore::default();
         run_sweep(
             &mut e,
             &c,
             graph.len(),
-            0,
+            graph.len(),
             &mut store,
             compare,
             &mut |_, _, _| {},
@@ -829,7 +834,16 @@ fn pairs_that_differ_are_compared_by_nmse_within_the_device_bound_and_fail_on_th
         .unwrap();
         let a = crate::band::Categoriser::new(&rules, &arch).categorise(&graph);
         let idx = SweepIndex::new(&graph, &a, &rules, &arch);
-        let s = summarise_sweep(&c, &rules, &graph, &idx, &store.records, &store.passes).unwrap();
+        let s = summarise_sweep_with_decode(
+            &c,
+            &rules,
+            &graph,
+            &idx,
+            decode.then_some((graph.as_slice(), &idx)),
+            &store.records,
+            &store.passes,
+        )
+        .unwrap();
         let check = s
             .checks
             .iter()
@@ -838,6 +852,7 @@ fn pairs_that_differ_are_compared_by_nmse_within_the_device_bound_and_fail_on_th
             .clone();
         (store.records, check)
     };
+    let sweep_on = |device: &str, d: f32, compare: bool| sweep_with(device, d, compare, false);
     let (records, c) = sweep_on("Vulkan0", 2f32.powi(-10), true);
     // 3 depths x 2 cycles: every pair's second unit carries the NMSE, the first none
     let nmse: Vec<f64> = records.iter().filter_map(|r| r.outputs_nmse).collect();
@@ -866,6 +881,17 @@ fn pairs_that_differ_are_compared_by_nmse_within_the_device_bound_and_fail_on_th
     let (records, c) = sweep_on("Vulkan0", 2f32.powi(-10), false);
     assert!(records.iter().all(|r| r.outputs_nmse.is_none()));
     assert_eq!(c.status, CheckStatus::Fail, "{}", c.detail);
+    // with decode steps after every chunk: their pairs compared too (the last step's logits)
+    let (records, c) = sweep_with("Vulkan0", 2f32.powi(-10), true, true);
+    let decoded: Vec<f64> = records
+        .iter()
+        .filter(|r| r.phase == Phase::Decode)
+        .filter_map(|r| r.outputs_nmse)
+        .collect();
+    assert_eq!(decoded.len(), 6, "{records:?}");
+    assert!(decoded.iter().all(|n| (n - want).abs() < 1e-12 * want));
+    assert_eq!(c.status, CheckStatus::Pass, "{}", c.detail);
+    assert!(c.detail.contains("12 paired units differ"), "{}", c.detail);
     // the same logits in both modes: nothing compared, bit-identical
     let (records, c) = sweep_on("Vulkan0", 0.0, true);
     assert!(records.iter().all(|r| r.outputs_nmse.is_none()));
