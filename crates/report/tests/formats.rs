@@ -373,23 +373,8 @@ fn an_import_without_model_or_threads_says_not_recorded_in_every_format() {
 #[test]
 fn a_profile_with_the_device_clock_sets_both_clocks_side_by_side_in_every_format() {
     let m = fixture::manifest("profile");
-    let mut e = fixture::engine();
-    e.device_clock = true;
-    for n in &mut e.graph {
-        n.device = Some("Vulkan0".into());
-    }
+    let (e, raw) = fixture::device_clock_profile();
     let (costs, iso) = (e.cost_us.clone(), e.isolation_us);
-    let cfg = opledger_core::profile::ProfileConfig {
-        work: opledger_core::engine::Work::prefill(fixture::CHUNK, 0),
-        cycles: 5,
-        warmup: 1,
-        overhead_pairs: 0,
-        gate: opledger_core::noise::GateConfig {
-            enabled: false,
-            ..Default::default()
-        },
-    };
-    let raw = opledger_core::profile::measure(&mut e, &cfg, &mut |_, _, _| {}).unwrap();
     let v = ProfileView::new(&m, &raw).unwrap();
     let d = v.summary.device_clock.clone().expect("a device clock");
     let working: Vec<usize> = (0..raw.graph.len())

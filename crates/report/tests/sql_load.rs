@@ -132,22 +132,7 @@ fn a_profile_with_the_device_clock_loads_its_bands_on_both_clocks() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("results.db");
     let m = fixture::manifest("profile");
-    let mut e = fixture::engine();
-    e.device_clock = true;
-    for n in &mut e.graph {
-        n.device = Some("Vulkan0".into());
-    }
-    let cfg = opledger_core::profile::ProfileConfig {
-        work: opledger_core::engine::Work::prefill(fixture::CHUNK, 0),
-        cycles: 3,
-        warmup: 0,
-        overhead_pairs: 0,
-        gate: opledger_core::noise::GateConfig {
-            enabled: false,
-            ..Default::default()
-        },
-    };
-    let raw = opledger_core::profile::measure(&mut e, &cfg, &mut |_, _, _| {}).unwrap();
+    let (_, raw) = fixture::device_clock_profile();
     let v = ProfileView::new(&m, &raw).unwrap();
     let clock = v.summary.device_clock.clone().expect("a device clock");
     let script = String::from_utf8(

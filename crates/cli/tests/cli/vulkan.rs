@@ -109,6 +109,36 @@ fn run_ok(c: &mut Command) -> std::process::Output {
     o
 }
 
+/// A profile of `model` on Vulkan0 (`-p chunk -r 2 -t 2 -g 99`, no noise gate) into `run`,
+/// with `env` added to the worker's environment: its summary (from stdout) and raw data.
+fn vulkan_profile(
+    w: &Path,
+    model: &Path,
+    chunk: &str,
+    run: &Path,
+    env: &[(&str, &str)],
+) -> (ProfileSummary, ProfileRaw) {
+    let t0 = std::time::Instant::now();
+    let o = run_ok(
+        opledger()
+            .envs(env.iter().copied())
+            .args(["profile", "-p", chunk, "-r", "2", "-t", "2", "-g", "99"])
+            .args(["--no-noise-gate", "--json", "--llama-worker"])
+            .arg(w)
+            .arg("-m")
+            .arg(model)
+            .arg("-o")
+            .arg(run),
+    );
+    eprintln!(
+        "vulkan: profile -p {chunk} -r 2 -g 99 of {} {env:?} in {:.1} s",
+        model.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    let summary: ProfileSummary = serde_json::from_slice(&o.stdout).unwrap();
+    (summary, ProfileRaw::read(&run.join("raw.json")).unwrap())
+}
+
 #[test]
 fn a_profile_on_vulkan0_places_every_node_bands_the_copies_and_sets_both_clocks_side_by_side() {
     let w = worker();
@@ -116,23 +146,7 @@ fn a_profile_on_vulkan0_places_every_node_bands_the_copies_and_sets_both_clocks_
     let dir = tempfile::tempdir().unwrap();
     let model = crate::rpc::tiny_llama(dir.path());
     let run = dir.path().join("profile");
-    let t0 = std::time::Instant::now();
-    let o = run_ok(
-        opledger()
-            .args(["profile", "-p", "32", "-r", "2", "-t", "2", "-g", "99"])
-            .args(["--no-noise-gate", "--json", "--llama-worker"])
-            .arg(w)
-            .arg("-m")
-            .arg(&model)
-            .arg("-o")
-            .arg(&run),
-    );
-    eprintln!(
-        "vulkan: profile -p 32 -r 2 -g 99 of the tiny llama in {:.1} s",
-        t0.elapsed().as_secs_f64()
-    );
-    let summary: ProfileSummary = serde_json::from_slice(&o.stdout).unwrap();
-    let raw = ProfileRaw::read(&run.join("raw.json")).unwrap();
+    let (summary, raw) = vulkan_profile(w, &model, "32", &run, &[]);
     let file = opledger_app::model::ModelFile::open(&model).unwrap();
     let rules = opledger_core::band::BandRules::builtin(&file.arch.arch).unwrap();
     let assignments =
@@ -441,24 +455,7 @@ fn the_tiny_moe_on_vulkan0_differs_across_modes_only_by_fusion_within_the_stated
     .unwrap();
     let profile = |name: &str, env: &[(&str, &str)]| {
         let run = dir.path().join(name);
-        let t0 = std::time::Instant::now();
-        let o = run_ok(
-            opledger()
-                .envs(env.iter().copied())
-                .args(["profile", "-p", "16", "-r", "2", "-t", "2", "-g", "99"])
-                .args(["--no-noise-gate", "--json", "--llama-worker"])
-                .arg(w)
-                .arg("-m")
-                .arg(&model)
-                .arg("-o")
-                .arg(&run),
-        );
-        eprintln!(
-            "vulkan: profile of the tiny MoE ({name}) in {:.1} s",
-            t0.elapsed().as_secs_f64()
-        );
-        let s: ProfileSummary = serde_json::from_slice(&o.stdout).unwrap();
-        let raw = ProfileRaw::read(&run.join("raw.json")).unwrap();
+        let (s, raw) = vulkan_profile(w, &model, "16", &run, env);
         let c = s
             .checks
             .iter()
